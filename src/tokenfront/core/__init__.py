@@ -1,0 +1,1 @@
+"""The render core: checkpoint loading, templates, tokenization, fingerprint. Knows no HTTP."""

@@ -1,0 +1,246 @@
+"""Find and load what rendering needs from a checkpoint: tokenizer, config, processor and generation files.
+
+Never weights. A local folder is read as it is; anything else is taken for a Hugging Face model id and fetched
+with the hub client (only the small files), which fails with a clear message on a machine without the hub.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenfront.core.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+# Everything rendering may read. Weights (*.safetensors, *.bin, *.gguf) are never fetched.
+RENDER_FILE_PATTERNS = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "additional_chat_templates/*.jinja",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "*.tiktoken",
+    "tekken.json",
+    "*.py",
+)
+
+# Files whose presence means a processor (vision/audio) builds the prompt, not the tokenizer alone.
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+# Characters that make --chat-template an inline template rather than a path (vLLM's rule).
+_JINJA_CHARS = "{}\n"
+
+
+@dataclass(frozen=True)
+class ChatTemplateSource:
+    """The effective chat template(s): one unnamed template, or named ones (`default`, `tool_use`, ...)."""
+
+    templates: dict[str, str]
+    origin: str
+
+    def select(self, *, has_tools: bool) -> str | None:
+        """Pick the template a request uses: `tool_use` when tools are given and it exists, else `default`."""
+        if has_tools and "tool_use" in self.templates:
+            return self.templates["tool_use"]
+        return self.templates.get("default")
+
+
+@dataclass
+class Checkpoint:
+    """The loaded render-relevant parts of one checkpoint."""
+
+    model_path: Path | None
+    tokenizer_path: Path | None
+    config: dict[str, Any]
+    tokenizer: Any  # a transformers tokenizer (PreTrainedTokenizerBase)
+    chat_templates: ChatTemplateSource | None
+    processor: dict[str, Any] | None
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    remote_code: bool = False
+    source: str = ""
+
+    @property
+    def model_type(self) -> str | None:
+        """The config's `model_type`, or None when there is no config (a generic text model)."""
+        value = self.config.get("model_type")
+        return str(value) if value else None
+
+    @property
+    def default_name(self) -> str:
+        """The name served when `--served-model-name` is not given: a hub id as is, a folder by its name."""
+        if self.model_path is None or self.source.startswith("hub:"):
+            return self.source.removeprefix("hub:") or "default"
+        return self.model_path.name
+
+
+def resolve_folder(name_or_path: str, *, what: str) -> tuple[Path, str]:
+    """Return a local folder for a path or a hub id, fetching only the render files from the hub."""
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        return local.resolve(), f"local:{local.resolve()}"
+    if local.exists():
+        raise CheckpointError(f"{what} {name_or_path!r} is a file; pass the checkpoint folder that contains it")
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise CheckpointError(f"{what} folder {name_or_path!r} does not exist")
+    return _download_from_hub(name_or_path, what=what), f"hub:{name_or_path}"
+
+
+def _download_from_hub(repo_id: str, *, what: str) -> Path:
+    # Keep the hub's own timeouts short: on an offline machine the answer is "no", quickly.
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "5")
+    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(repo_id, allow_patterns=list(RENDER_FILE_PATTERNS))
+    except Exception as exc:  # the hub client raises many kinds; all mean the same thing here
+        raise CheckpointError(
+            f"{what} {repo_id!r} is not a local folder, and fetching it from the Hugging Face Hub failed "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}). "
+            "On a machine without hub access, pass a local checkpoint folder "
+            "(e.g. one made by `tokenfront fixtures`), or fill the Hugging Face cache beforehand."
+        ) from exc
+    return Path(path)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read a JSON object file, with a clear error when it is not one."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} does not hold a JSON object")
+    return value
+
+
+def load_chat_templates(folder: Path | None, override: str | None) -> ChatTemplateSource | None:
+    """Resolve the chat template(s): --chat-template, then the checkpoint's files (SPEC §3)."""
+    if override is not None:
+        return ChatTemplateSource({"default": _read_template_option(override)}, origin="--chat-template")
+    if folder is None:
+        return None
+    templates: dict[str, str] = {}
+    origin = ""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        templates["default"] = jinja.read_text(encoding="utf-8")
+        origin = "chat_template.jinja"
+    elif (folder / "chat_template.json").is_file():
+        value = read_json(folder / "chat_template.json").get("chat_template")
+        templates.update(_templates_from_config_value(value))
+        origin = "chat_template.json"
+    elif (folder / "tokenizer_config.json").is_file():
+        value = read_json(folder / "tokenizer_config.json").get("chat_template")
+        templates.update(_templates_from_config_value(value))
+        origin = "tokenizer_config.json"
+    extra = folder / "additional_chat_templates"
+    if extra.is_dir():
+        for file in sorted(extra.glob("*.jinja")):
+            templates[file.stem] = file.read_text(encoding="utf-8")
+    if not templates:
+        return None
+    return ChatTemplateSource(templates, origin=origin or "additional_chat_templates")
+
+
+def _templates_from_config_value(value: Any) -> dict[str, str]:
+    if isinstance(value, str):
+        return {"default": value}
+    if isinstance(value, list):  # [{"name": ..., "template": ...}, ...]
+        return {item["name"]: item["template"] for item in value if isinstance(item, dict) and "name" in item}
+    return {}
+
+
+def _read_template_option(value: str) -> str:
+    if any(char in value for char in _JINJA_CHARS):
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise CheckpointError(
+            f"--chat-template {value!r} looks like a file path but no such file exists; "
+            "pass an existing .jinja file or the template text itself"
+        )
+    return path.read_text(encoding="utf-8")
+
+
+def load_tokenizer(folder: Path, *, trust_remote_code: bool) -> Any:
+    """Load the tokenizer with transformers (no torch needed), the reference every rendered id is checked against."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        hint = ""
+        if "trust_remote_code" in str(exc):
+            hint = " The tokenizer ships its own code: start with --trust-remote-code if you trust it."
+        raise CheckpointError(f"cannot load a tokenizer from {folder}: {type(exc).__name__}: {exc}.{hint}") from exc
+
+
+def has_remote_code(*configs: dict[str, Any]) -> bool:
+    """Whether any config points at code shipped with the checkpoint (`auto_map`)."""
+    return any("auto_map" in config for config in configs)
+
+
+def load_checkpoint(
+    model: str | None,
+    *,
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+    trust_remote_code: bool = False,
+) -> Checkpoint:
+    """Load everything rendering needs from a checkpoint (and an optional separate tokenizer)."""
+    if model is None and tokenizer is None:
+        raise CheckpointError("no --model (or --tokenizer) given: there is nothing to render with")
+    model_path, source = resolve_folder(model, what="model") if model else (None, "")
+    tokenizer_path = resolve_folder(tokenizer, what="tokenizer")[0] if tokenizer else model_path
+    assert tokenizer_path is not None
+    config = read_json(model_path / "config.json") if model_path and (model_path / "config.json").is_file() else {}
+    tokenizer_config = (
+        read_json(tokenizer_path / "tokenizer_config.json")
+        if (tokenizer_path / "tokenizer_config.json").is_file()
+        else {}
+    )
+    processor = _load_processor(model_path)
+    generation = (
+        read_json(model_path / "generation_config.json")
+        if model_path and (model_path / "generation_config.json").is_file()
+        else {}
+    )
+    remote_code = trust_remote_code and has_remote_code(config, tokenizer_config, processor or {})
+    templates = load_chat_templates(tokenizer_path, chat_template)
+    if templates is None and model_path is not None and model_path != tokenizer_path:
+        templates = load_chat_templates(model_path, None)
+    return Checkpoint(
+        model_path=model_path,
+        tokenizer_path=tokenizer_path,
+        config=config,
+        tokenizer=load_tokenizer(tokenizer_path, trust_remote_code=trust_remote_code),
+        chat_templates=templates,
+        processor=processor,
+        generation_config=generation,
+        remote_code=remote_code,
+        source=source or f"local:{tokenizer_path}",
+    )
+
+
+def _load_processor(folder: Path | None) -> dict[str, Any] | None:
+    if folder is None:
+        return None
+    for name in PROCESSOR_FILES:
+        if (folder / name).is_file():
+            return read_json(folder / name)
+    return None

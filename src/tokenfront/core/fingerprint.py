@@ -1,0 +1,232 @@
+"""The rendering fingerprint (SPEC §5): what decides the ids, hashed, so two processes can prove they agree.
+
+`compared` holds every component that can change rendered ids and nothing else (no paths, names, ports or
+tokenizer backend); `digest` is the sha256 of its canonical JSON. Computed once at start-up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# Bump when a change to the rendering code changes ids for some input: old and new processes must not match.
+RENDER_SEMANTICS_VERSION = "1"
+FINGERPRINT_VERSION = 1
+
+
+def canonical_json(value: Any) -> str:
+    """One spelling of a JSON value: sorted keys, no spaces, unicode kept."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_text(text: str) -> str:
+    """Hex sha256 of a text's UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# How each component is named when two fingerprints differ in it.
+_COMPONENT_LABELS = {
+    "render_semantics": "rendering code version",
+    "model_type": "model type",
+    "processor": "prompt processor",
+    "chat_templates": "chat template",
+    "tokenizer.class": "tokenizer class",
+    "tokenizer.model": "tokenizer model",
+    "tokenizer.vocab": "tokenizer vocabulary",
+    "tokenizer.added_tokens": "tokenizer added tokens",
+    "tokenizer.special_tokens": "tokenizer special tokens",
+    "tokenizer.add_bos_eos": "tokenizer add-bos/add-eos behaviour",
+    "tokenizer.split_special_tokens": "tokenizer split_special_tokens",
+    "options.prompt_mode_reasoning_parser": "reasoning parser that reads the prompt",
+    "options.forced_tool_call_prefix": "forced tool-call prefix",
+    "options.default_chat_template_kwargs": "default chat_template_kwargs",
+}
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """A rendering fingerprint as published on `/server_info` as `render_fingerprint`."""
+
+    compared: dict[str, Any]
+    complete: bool
+    incomplete_reasons: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    version: int = FINGERPRINT_VERSION
+
+    @property
+    def digest(self) -> str:
+        """sha256 hex of the canonical JSON of `compared`."""
+        return sha256_text(canonical_json(self.compared))
+
+    def to_json(self) -> dict[str, Any]:
+        """The published form."""
+        return {
+            "version": self.version,
+            "digest": self.digest,
+            "compared": self.compared,
+            "complete": self.complete,
+            "incomplete_reasons": list(self.incomplete_reasons),
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> Fingerprint | None:
+        """Read a published fingerprint; None when it is missing or not of a known shape."""
+        if not isinstance(value, dict) or not isinstance(value.get("compared"), dict):
+            return None
+        return cls(
+            compared=value["compared"],
+            complete=bool(value.get("complete")),
+            incomplete_reasons=[str(r) for r in value.get("incomplete_reasons") or []],
+            info=value.get("info") if isinstance(value.get("info"), dict) else {},
+            version=int(value.get("version", 0)) if isinstance(value.get("version", 0), int) else 0,
+        )
+
+    def matches(self, other: Fingerprint | None) -> bool:
+        """Both complete and the same digest: ids rendered by one are valid for the other."""
+        return not self.compare(other)
+
+    def compare(self, other: Fingerprint | None, *, other_name: str = "worker") -> list[str]:
+        """Readable reasons why ids rendered here may not be what `other` renders; empty when they match."""
+        if other is None:
+            return [f"{other_name} reports no rendering fingerprint"]
+        if other.version != self.version:
+            return [f"fingerprint version {self.version} vs {other.version}"]
+        reasons = []
+        if not self.complete:
+            reasons.append("this side's tokenizer is not fully identified: " + "; ".join(self.incomplete_reasons))
+        if not other.complete:
+            reasons.append(
+                f"{other_name}'s tokenizer is not fully identified: " + "; ".join(other.incomplete_reasons)
+            )
+        reasons.extend(_component_differences(self.compared, other.compared, other_name))
+        if not reasons and self.digest != other.digest:
+            reasons.append("rendering fingerprints differ")
+        return reasons
+
+
+def _flatten(compared: dict[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in compared.items():
+        if key in ("tokenizer", "options") and isinstance(value, dict):
+            for sub, item in value.items():
+                flat[f"{key}.{sub}"] = item
+        else:
+            flat[key] = value
+    return flat
+
+
+def _component_differences(mine: dict[str, Any], theirs: dict[str, Any], other_name: str) -> list[str]:
+    a, b = _flatten(mine), _flatten(theirs)
+    reasons = []
+    for key in sorted(set(a) | set(b), key=lambda k: (list(_COMPONENT_LABELS).index(k) if k in _COMPONENT_LABELS
+                                                        else len(_COMPONENT_LABELS), k)):
+        if a.get(key) == b.get(key):
+            continue
+        label = _COMPONENT_LABELS.get(key, key)
+        if key == "model_type":
+            reasons.append(f"model type {a.get(key) or 'none (generic text model)'} vs "
+                           f"{b.get(key) or 'none (generic text model)'}")
+        elif key == "processor" and b.get(key) and not a.get(key):
+            reasons.append(f"{other_name}'s model builds its prompt in a processor")
+        elif key == "processor" and a.get(key) and not b.get(key):
+            reasons.append(f"this model builds its prompt in a processor; the {other_name}'s does not")
+        elif key == "chat_templates":
+            reasons.append(_template_difference(a.get(key) or {}, b.get(key) or {}))
+        else:
+            reasons.append(f"{label} differs")
+    return reasons
+
+
+def _template_difference(mine: dict[str, str], theirs: dict[str, str]) -> str:
+    if not mine or not theirs:
+        return "chat template differs (one side has none)"
+    names = sorted(name for name in set(mine) | set(theirs) if mine.get(name) != theirs.get(name))
+    if names == ["default"]:
+        return "chat template differs"
+    return "chat template differs (" + ", ".join(names) + ")"
+
+
+def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
+    """The tokenizer's part of `compared`, and why it is incomplete (empty when fully identified)."""
+    incomplete: list[str] = []
+    module = type(tokenizer).__module__
+    if not module.startswith("transformers."):
+        incomplete.append(f"tokenizer class {type(tokenizer).__name__} is code loaded with --trust-remote-code")
+    backend = getattr(tokenizer, "_tokenizer", None)
+    model_hash: str | None = None
+    vocab_hash: str | None = None
+    if backend is not None:
+        spec = json.loads(backend.to_str())
+        # Padding/truncation are call-time settings, and added tokens are hashed on their own below.
+        for key in ("padding", "truncation", "added_tokens"):
+            spec.pop(key, None)
+        model_hash = sha256_text(canonical_json(spec))
+        vocab_hash = sha256_text(canonical_json(sorted(backend.get_vocab(with_added_tokens=False).items())))
+    else:
+        incomplete.append(f"tokenizer {type(tokenizer).__name__} has no serialisable model (tokenizer.json)")
+    added = [
+        {
+            "id": token_id,
+            "content": token.content,
+            "special": bool(token.special),
+            "lstrip": bool(token.lstrip),
+            "rstrip": bool(token.rstrip),
+            "normalized": bool(token.normalized),
+            "single_word": bool(token.single_word),
+        }
+        for token_id, token in sorted(tokenizer.added_tokens_decoder.items())
+    ]
+    components = {
+        "class": type(tokenizer).__name__,
+        "model": model_hash,
+        "vocab": vocab_hash,
+        "added_tokens": sha256_text(canonical_json(added)),
+        "special_tokens": dict(sorted(tokenizer.special_tokens_map.items())),
+        "add_bos_eos": [bool(getattr(tokenizer, "add_bos_token", False)),
+                        bool(getattr(tokenizer, "add_eos_token", False))],
+        "split_special_tokens": bool(getattr(tokenizer, "split_special_tokens", False)),
+    }
+    return components, incomplete
+
+
+def build_fingerprint(
+    *,
+    model_type: str | None,
+    processor: dict[str, Any] | None,
+    chat_templates: dict[str, str] | None,
+    tokenizer: Any,
+    prompt_mode_reasoning_parser: str | None,
+    forced_tool_call_prefix: Any,
+    default_chat_template_kwargs: dict[str, Any],
+    remote_code: bool,
+    info: dict[str, Any],
+) -> Fingerprint:
+    """Compute the fingerprint of one rendering configuration."""
+    tokenizer_part, incomplete = tokenizer_components(tokenizer)
+    if remote_code and not any("trust-remote-code" in reason for reason in incomplete):
+        incomplete.append("the checkpoint's own code was loaded with --trust-remote-code")
+    compared = {
+        "render_semantics": RENDER_SEMANTICS_VERSION,
+        "model_type": model_type,
+        "processor": _processor_component(processor),
+        "chat_templates": {name: sha256_text(text) for name, text in sorted((chat_templates or {}).items())},
+        "tokenizer": tokenizer_part,
+        "options": {
+            "prompt_mode_reasoning_parser": prompt_mode_reasoning_parser,
+            "forced_tool_call_prefix": forced_tool_call_prefix,
+            "default_chat_template_kwargs": default_chat_template_kwargs,
+        },
+    }
+    return Fingerprint(compared=compared, complete=not incomplete, incomplete_reasons=incomplete, info=info)
+
+
+def _processor_component(processor: dict[str, Any] | None) -> dict[str, Any] | None:
+    if processor is None:
+        return None
+    return {
+        "class": processor.get("processor_class") or processor.get("image_processor_type"),
+        "config": sha256_text(canonical_json(processor)),
+    }

@@ -1,0 +1,252 @@
+"""The one rendering pipeline: an OpenAI chat or completions request in, prompt token ids out.
+
+The renderer, the worker and the router all call `RenderPipeline.render_chat` / `render_completion`; nothing
+else in tokenfront turns a request into ids.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from tokenfront.core.checkpoint import Checkpoint, load_checkpoint
+from tokenfront.core.errors import CheckpointError, RenderError
+from tokenfront.core.fingerprint import Fingerprint, build_fingerprint
+from tokenfront.core.messages import normalize_messages
+from tokenfront.core.reasoning import ReasoningParser, get_reasoning_parser, reasoning_ended
+from tokenfront.core.templates import ChatTemplate, compile_template
+from tokenfront.core.tokenization import TokenizerBackend, backend_for
+from tokenfront.core.tool_calls import ToolCallParser, get_tool_call_parser
+from tokenfront.options import RenderOptions
+from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+
+log = logging.getLogger(__name__)
+
+# Template variables the pipeline sets itself; chat_template_kwargs may not replace them.
+_RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template",
+     "tokenize"}
+)
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """One rendered prompt.
+
+    `prompt_text` is the text that was tokenized (None for id prompts); `chat_template_kwargs` the kwargs a
+    chat prompt was rendered with; `prompt` a completions item's own prompt, as the client gave it.
+    """
+
+    token_ids: list[int]
+    prompt_text: str | None
+    reasoning_ended: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    prompt: str | list[int] | None = None
+
+
+class RenderPipeline:
+    """A loaded rendering configuration: checkpoint, template, tokenizer backend, parsers and fingerprint."""
+
+    def __init__(self, checkpoint: Checkpoint, options: RenderOptions) -> None:
+        self.checkpoint = checkpoint
+        self.options = options
+        self.tokenizer = checkpoint.tokenizer
+        self.backend: TokenizerBackend = backend_for(checkpoint.tokenizer)
+        self.reasoning_parser: ReasoningParser | None = (
+            _parser_or_startup_error(get_reasoning_parser, options.reasoning_parser, "--reasoning-parser")
+        )
+        self.tool_call_parser: ToolCallParser | None = (
+            _parser_or_startup_error(get_tool_call_parser, options.tool_call_parser, "--tool-call-parser")
+        )
+        self.vocab_size = len(checkpoint.tokenizer)
+        self.served_model_names = options.served_model_name or (checkpoint.default_name,)
+        self._special_tokens = dict(checkpoint.tokenizer.special_tokens_map)
+        self.fingerprint = self._build_fingerprint()
+        # Compile the checkpoint's templates now: a broken template is a start-up error, not a per-request one.
+        self._templates = {
+            name: compile_template(text)
+            for name, text in (checkpoint.chat_templates.templates if checkpoint.chat_templates else {}).items()
+        }
+
+    @classmethod
+    def load(cls, options: RenderOptions) -> RenderPipeline:
+        """Load the checkpoint named in the options (tokenizer, config, template; never weights)."""
+        checkpoint = load_checkpoint(
+            options.model,
+            tokenizer=options.tokenizer,
+            chat_template=options.chat_template,
+            trust_remote_code=options.trust_remote_code,
+        )
+        return cls(checkpoint, options)
+
+    # -- chat ------------------------------------------------------------------------------------------------
+
+    def render_chat(self, request: ChatCompletionRequest) -> RenderedPrompt:
+        """Render a chat request into the ids a worker would compute from it."""
+        if request.add_generation_prompt and request.continue_final_message:
+            raise RenderError(
+                "continue_final_message leaves the final message open, which conflicts with "
+                "add_generation_prompt (true by default): set add_generation_prompt to false",
+                param="continue_final_message",
+            )
+        template = self._template_for(request)
+        kwargs = self._template_kwargs(request)
+        body = request.model_dump(exclude_unset=True)
+        messages = normalize_messages(
+            body["messages"],
+            content_format=template.content_format,
+            template_knows_developer=template.knows_developer_role,
+        )
+        text = template.render(
+            messages,
+            tools=body.get("tools"),
+            documents=body.get("documents"),
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            variables={**self._special_tokens, **kwargs},
+        )
+        ids = self.backend.encode(text, add_special_tokens=bool(request.add_special_tokens))
+        return RenderedPrompt(
+            token_ids=self._truncate(ids, request.truncate_prompt_tokens),
+            prompt_text=text,
+            reasoning_ended=reasoning_ended(self.reasoning_parser, text),
+            chat_template_kwargs=kwargs,
+        )
+
+    def _template_for(self, request: ChatCompletionRequest) -> ChatTemplate:
+        has_tools = bool(request.tools)
+        if request.chat_template is not None:
+            if not self.options.allow_request_chat_template:
+                raise RenderError(
+                    "per-request chat_template is not allowed on this server; remove the field, or start the "
+                    "server with --allow-request-chat-template",
+                    param="chat_template",
+                    code="chat_template_not_allowed",
+                )
+            if request.chat_template in self._templates:  # a template name, as transformers accepts
+                return self._templates[request.chat_template]
+            return compile_template(request.chat_template)
+        source = self.checkpoint.chat_templates
+        name = "tool_use" if has_tools and "tool_use" in self._templates else "default"
+        if source is None or name not in self._templates:
+            raise RenderError(
+                "this model has no chat template, so chat requests cannot be rendered; start the server with "
+                "--chat-template, or use /v1/completions",
+                param="messages",
+                code="no_chat_template",
+            )
+        return self._templates[name]
+
+    def _template_kwargs(self, request: ChatCompletionRequest) -> dict[str, Any]:
+        given = request.chat_template_kwargs or {}
+        reserved = sorted(_RESERVED_TEMPLATE_VARIABLES & set(given))
+        if reserved:
+            raise RenderError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}: use the request fields of that name",
+                param="chat_template_kwargs",
+            )
+        return {**self.options.default_chat_template_kwargs, **given}
+
+    # -- completions -----------------------------------------------------------------------------------------
+
+    def render_completion(self, request: CompletionRequest) -> list[RenderedPrompt]:
+        """Render every prompt of a completions request (a string, strings, an id list or id lists)."""
+        if request.suffix:
+            raise RenderError("suffix is not supported", param="suffix")
+        add_special = True if request.add_special_tokens is None else request.add_special_tokens
+        prompts = _prompt_items(request.prompt)
+        rendered = []
+        for index, prompt in enumerate(prompts):
+            param = "prompt" if len(prompts) == 1 else f"prompt[{index}]"
+            if isinstance(prompt, str):
+                ids = self.backend.encode(prompt, add_special_tokens=add_special)
+                text: str | None = prompt
+            else:
+                self.validate_token_ids(prompt, param=param)
+                ids, text = list(prompt), None
+            if not ids:
+                raise RenderError(f"{param} renders to no tokens; send some text", param=param)
+            rendered.append(
+                RenderedPrompt(
+                    token_ids=self._truncate(ids, request.truncate_prompt_tokens),
+                    prompt_text=text,
+                    prompt=prompt,
+                )
+            )
+        return rendered
+
+    # -- shared ----------------------------------------------------------------------------------------------
+
+    def validate_token_ids(self, ids: list[int], *, param: str) -> None:
+        """Reject ids outside the vocabulary `[0, vocab_size)` with a 400 that names the first bad one."""
+        for position, token_id in enumerate(ids):
+            if not 0 <= token_id < self.vocab_size:
+                raise RenderError(
+                    f"{param}[{position}] = {token_id} is not a token id of this model "
+                    f"(valid ids are 0 to {self.vocab_size - 1})",
+                    param=param,
+                    code="token_id_out_of_vocabulary",
+                )
+
+    def serves(self, model: str | None) -> bool:
+        """Whether `model` (absent means the served model) names this model."""
+        return model is None or model in self.served_model_names
+
+    def _truncate(self, ids: list[int], keep: int | None) -> list[int]:
+        if keep is None:
+            return ids
+        if keep == -1:
+            keep = int(getattr(self.tokenizer, "model_max_length", 0) or 0) or len(ids)
+        return ids[-keep:] if len(ids) > keep else ids
+
+    def _build_fingerprint(self) -> Fingerprint:
+        parser = self.reasoning_parser
+        templates = self.checkpoint.chat_templates
+        return build_fingerprint(
+            model_type=self.checkpoint.model_type,
+            processor=self.checkpoint.processor,
+            chat_templates=templates.templates if templates else None,
+            tokenizer=self.tokenizer,
+            prompt_mode_reasoning_parser=parser.name if parser and parser.reads_mode_from_prompt else None,
+            forced_tool_call_prefix=self.tool_call_parser.fingerprint_component() if self.tool_call_parser else None,
+            default_chat_template_kwargs=dict(self.options.default_chat_template_kwargs),
+            remote_code=self.checkpoint.remote_code,
+            info={
+                "versions": _library_versions(),
+                "tokenizer_backend": self.backend.name,
+                "reasoning_parser": self.options.reasoning_parser,
+                "tool_call_parser": self.options.tool_call_parser,
+                "model_path": str(self.checkpoint.model_path) if self.checkpoint.model_path else None,
+                "tokenizer_path": str(self.checkpoint.tokenizer_path) if self.checkpoint.tokenizer_path else None,
+                "chat_template_origin": templates.origin if templates else None,
+            },
+        )
+
+
+def _prompt_items(prompt: Any) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if all(isinstance(item, int) for item in prompt):
+        return [list(prompt)]
+    return list(prompt)
+
+
+def _parser_or_startup_error(lookup: Any, name: str | None, option: str) -> Any:
+    if name is None:
+        return None
+    try:
+        return lookup(name)
+    except ValueError as exc:
+        raise CheckpointError(f"{option} {name!r}: {exc}") from exc
+
+
+def _library_versions() -> dict[str, str]:
+    versions = {}
+    for package in ("tokenfront", "transformers", "tokenizers", "jinja2"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "unknown"
+    return versions

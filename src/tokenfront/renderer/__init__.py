@@ -1,0 +1,1 @@
+"""The render routes and the standalone renderer (`tokenfront render`)."""

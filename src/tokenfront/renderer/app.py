@@ -1,0 +1,25 @@
+"""The standalone renderer (`tokenfront render`): CPU only, loads no weights, never imports torch."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from tokenfront.core.render import RenderPipeline
+from tokenfront.renderer.routes import render_router
+from tokenfront.server.app import create_app
+from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
+
+
+def create_renderer_app(
+    pipeline: RenderPipeline, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> FastAPI:
+    """The renderer: the render routes plus the common routes, with role `renderer`."""
+    app = create_app(
+        role="renderer",
+        pipeline=pipeline,
+        title="tokenfront renderer",
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+    )
+    app.include_router(render_router())
+    return app

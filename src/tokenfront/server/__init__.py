@@ -1,0 +1,1 @@
+"""What every tokenfront server shares: the app factory, OpenAI-shaped errors, auth, limits and metrics."""

@@ -1,0 +1,111 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}`, never a bare 500 for client input."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tokenfront.core.errors import RenderError
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+          500: "internal_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    """An error answered as-is with its status and OpenAI error fields."""
+
+    def __init__(self, status_code: int, message: str, *, param: str | None = None, code: str | None = None,
+                 error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.code = code
+        self.error_type = error_type or _TYPES.get(status_code, "invalid_request_error")
+
+
+def error_body(message: str, *, error_type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """The OpenAI error object."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_response(status_code: int, message: str, *, param: str | None = None, code: str | None = None,
+                   error_type: str | None = None) -> JSONResponse:
+    """A JSON response carrying the OpenAI error object."""
+    kind = error_type or _TYPES.get(status_code, "invalid_request_error")
+    return JSONResponse(error_body(message, error_type=kind, param=param, code=code), status_code=status_code)
+
+
+def model_not_found(model: str, served: tuple[str, ...]) -> APIError:
+    """OpenAI's 404 for a `model` this server does not serve."""
+    return APIError(
+        404,
+        f"The model `{model}` does not exist. This server serves: {', '.join(served)}.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if part.isdigit() else (f".{part}" if text else part)
+    return text
+
+
+def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})", None
+    loc = _location(tuple(first.get("loc", ())))
+    if not loc and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+        return "the request body must be a JSON object", None
+    msgs = []
+    for error in errors[:5]:
+        where = _location(tuple(error.get("loc", ()))) or "body"
+        msgs.append(f"{where}: {error.get('msg', 'invalid')}")
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return "invalid request: " + "; ".join(msgs) + more, loc or None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error a client can cause in the OpenAI shape."""
+
+    @app.exception_handler(RenderError)
+    async def _render_error(_: Request, exc: RenderError) -> JSONResponse:
+        return error_response(exc.status_code, exc.message, param=exc.param, code=exc.code,
+                              error_type=exc.error_type)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status_code, exc.message, param=exc.param, code=exc.code,
+                              error_type=exc.error_type)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(list(exc.errors()))
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path} on this server"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, message)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error while answering a request")
+        return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
