@@ -1,0 +1,51 @@
+# Everyday commands. `make demo` and `make test` are the README's two commands; .ci/run calls `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CACHE ?= $(HOME)/.cache/tokenfront
+PORT ?= 8100
+
+.PHONY: install install-test fixtures demo test test-fast lint format bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+
+install-test: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@command -v jq >/dev/null || (apt-get update -qq && apt-get install -y -qq jq) || echo "jq not installed: the shell recipe test will be skipped"
+
+fixtures: install
+	$(BIN)/tokenfront fixtures
+
+# Set up and run the main job: the CPU renderer on the real Qwen3 tokenizer and chat template.
+demo: install
+	$(BIN)/tokenfront fixtures --only qwen3
+	$(BIN)/tokenfront render --model $(CACHE)/checkpoints/qwen3 --served-model-name Qwen3-0.6B \
+		--reasoning-parser qwen3 --port $(PORT)
+
+# Set up and run every test (fixtures are fetched by the project's own script and cached).
+test: install-test
+	$(BIN)/tokenfront fixtures
+	$(BIN)/ruff check src tests
+	$(BIN)/python -m pytest -q
+
+test-fast: install-test
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint:
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+format:
+	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests
+
+bench: install-test
+	$(BIN)/python -m benchmarks.render
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

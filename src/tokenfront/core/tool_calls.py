@@ -1,0 +1,250 @@
+"""Tool-call parsers: forced-call prefixes for a named ``tool_choice`` and parsing calls out of output.
+
+A tool-call parser (``--tool-call-parser NAME``) knows how a model writes a function
+call. The worker uses it twice (SPEC §7): to force a call to one named function, it
+appends ``forced_call_prefix(name)`` to the rendered prompt so the model's continuation
+is just the JSON arguments object (``forced_call_suffix`` is what closes the call after
+it); and to turn complete generated text into ``tool_calls``. The prefix changes the
+prompt ids, so the rendering fingerprint hashes ``fingerprint_component()`` (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import types
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenfront.core.reasoning import UnknownParserError, lookup_parser
+
+__all__ = [
+    "TOOL_CALL_PARSERS",
+    "HermesToolCallParser",
+    "Llama3JsonToolCallParser",
+    "ParsedToolCalls",
+    "ToolCall",
+    "ToolCallParser",
+    "UnknownParserError",
+    "get_tool_call_parser",
+    "make_tool_call_id",
+]
+
+_NAME_PLACEHOLDER = "{name}"
+_DECODER = json.JSONDecoder()
+
+
+def make_tool_call_id() -> str:
+    """A new OpenAI-style tool call id: ``call_`` and 24 lowercase hex characters."""
+    return "call_" + secrets.token_hex(12)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call: its name and its arguments as a JSON object string."""
+
+    name: str
+    arguments: str
+    # Random, so it takes no part in equality.
+    id: str = field(default_factory=make_tool_call_id, compare=False)
+
+    def to_openai(self) -> dict[str, Any]:
+        """The call as an OpenAI ``tool_calls`` item."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class ParsedToolCalls:
+    """Generated text split into the calls found and the remaining ``content``.
+
+    Without calls, ``content`` is the text unchanged; with calls, the text around them,
+    stripped (``None`` when nothing but whitespace is left).
+    """
+
+    content: str | None
+    calls: list[ToolCall]
+
+
+class ToolCallParser(ABC):
+    """How one model family writes tool calls."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    # The forced-call prefix with ``{name}`` standing for the JSON-encoded function name.
+    prefix_template: str
+    forced_call_suffix: str
+
+    def forced_call_prefix(self, function_name: str) -> str:
+        """Text appended to the rendered prompt to force a call to ``function_name``.
+
+        The model's continuation is then the arguments JSON object, closed by
+        ``forced_call_suffix``.
+        """
+        # JSON-encoded, so a name can never break out of the string it sits in.
+        return self.prefix_template.replace(_NAME_PLACEHOLDER, json.dumps(function_name, ensure_ascii=False))
+
+    def forced_call_text(self, function_name: str, arguments_json: str) -> str:
+        """The whole call as the model would have written it, from a forced call's arguments."""
+        return self.forced_call_prefix(function_name) + arguments_json + self.forced_call_suffix
+
+    def fingerprint_component(self) -> dict[str, str]:
+        """What this parser contributes to the prompt ids: the forced-call prefix and suffix."""
+        return {"forced_call_prefix": self.prefix_template, "forced_call_suffix": self.forced_call_suffix}
+
+    @abstractmethod
+    def parse(self, text: str) -> ParsedToolCalls:
+        """Find the tool calls in complete generated text."""
+
+
+def _arguments_json(value: Any) -> str | None:
+    """Arguments as a JSON object string, or ``None`` when they are not an object."""
+    if isinstance(value, str):
+        # Some models write the arguments as a JSON string holding the object.
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if not isinstance(value, dict):
+        return None
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _call_from_object(obj: Any, argument_keys: tuple[str, ...]) -> ToolCall | None:
+    """A ``ToolCall`` from a decoded ``{"name": ..., <argument key>: {...}}`` object, if it is one."""
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    key = next((key for key in argument_keys if key in obj), None)
+    arguments = "{}" if key is None else _arguments_json(obj[key])
+    return None if arguments is None else ToolCall(name=name, arguments=arguments)
+
+
+def _skip_whitespace(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
+def _decode_object(text: str, at: int) -> tuple[Any, int] | None:
+    """Decode one JSON value starting at ``at`` (leading whitespace allowed); return it and its end."""
+    at = _skip_whitespace(text, at)
+    try:
+        return _DECODER.raw_decode(text, at)
+    except ValueError:
+        return None
+
+
+def _content_around(pieces: list[str]) -> str | None:
+    return "".join(pieces).strip() or None
+
+
+class HermesToolCallParser(ToolCallParser):
+    """Hermes / Qwen style: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks.
+
+    Any number of blocks, text before, between and after them. A block whose JSON does
+    not decode to a call stays in the content verbatim. The last block may lack its
+    closing tag (generation stopped on it).
+    """
+
+    name = "hermes"
+    aliases = ("qwen", "qwen25")
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+    # As Qwen's own template writes a call, so a forced call looks like one from history.
+    prefix_template = '<tool_call>\n{"name": {name}, "arguments": '
+    forced_call_suffix = "}\n</tool_call>"
+
+    def parse(self, text: str) -> ParsedToolCalls:
+        """Find the ``<tool_call>`` blocks in ``text``."""
+        calls: list[ToolCall] = []
+        pieces: list[str] = []
+        copied = searched = 0
+        while (start := text.find(self.open_tag, searched)) >= 0:
+            block = self._read_block(text, start + len(self.open_tag))
+            if block is None:
+                searched = start + len(self.open_tag)
+                continue
+            call, end = block
+            calls.append(call)
+            pieces.append(text[copied:start])
+            copied = searched = end
+        if not calls:
+            return ParsedToolCalls(content=text or None, calls=[])
+        pieces.append(text[copied:])
+        return ParsedToolCalls(content=_content_around(pieces), calls=calls)
+
+    def _read_block(self, text: str, at: int) -> tuple[ToolCall, int] | None:
+        """The call in the block whose JSON starts at ``at`` and where the block ends."""
+        # Decoding the JSON (rather than searching for the close tag) keeps a
+        # "</tool_call>" inside an argument string from cutting the block short.
+        decoded = _decode_object(text, at)
+        if decoded is None:
+            return None
+        obj, end = decoded
+        call = _call_from_object(obj, ("arguments", "parameters"))
+        if call is None:
+            return None
+        end = _skip_whitespace(text, end)
+        if text.startswith(self.close_tag, end):
+            return call, end + len(self.close_tag)
+        if end == len(text):
+            return call, end
+        return None
+
+
+class Llama3JsonToolCallParser(ToolCallParser):
+    """Llama 3.x JSON calls: ``{"name": ..., "parameters": {...}}``, maybe after ``<|python_tag|>``.
+
+    Several calls may follow one another, separated by ``;``. Output that does not start
+    with a call (after an optional ``<|python_tag|>``) is content.
+    """
+
+    name = "llama3_json"
+    aliases = ("llama3",)
+    python_tag = "<|python_tag|>"
+    # As the Llama 3.1-3.3 templates write a call in history.
+    prefix_template = '{"name": {name}, "parameters": '
+    forced_call_suffix = "}"
+
+    def parse(self, text: str) -> ParsedToolCalls:
+        """Find the JSON calls at the start of ``text`` (or right after ``<|python_tag|>``)."""
+        tag_at = text.find(self.python_tag)
+        before = text[:tag_at] if tag_at >= 0 else ""
+        at = tag_at + len(self.python_tag) if tag_at >= 0 else 0
+        calls: list[ToolCall] = []
+        while (decoded := _decode_object(text, at)) is not None:
+            obj, end = decoded
+            call = _call_from_object(obj, ("parameters", "arguments"))
+            if call is None:
+                break
+            calls.append(call)
+            at = _skip_whitespace(text, end)
+            if not text.startswith(";", at):
+                break
+            at += 1
+        if not calls:
+            return ParsedToolCalls(content=text or None, calls=[])
+        return ParsedToolCalls(content=_content_around([before, text[at:]]), calls=calls)
+
+
+# Canonical name -> parser. Read-only: parsers are looked up, never registered at runtime.
+TOOL_CALL_PARSERS: Mapping[str, ToolCallParser] = types.MappingProxyType(
+    {parser.name: parser for parser in (HermesToolCallParser(), Llama3JsonToolCallParser())}
+)
+
+
+def get_tool_call_parser(name: str) -> ToolCallParser:
+    """Return the tool-call parser registered as ``name`` (or an alias of it).
+
+    Raises ``UnknownParserError`` (a ``ValueError``) naming the known parsers.
+    """
+    parser: ToolCallParser = lookup_parser("tool-call", name, TOOL_CALL_PARSERS)
+    return parser

