@@ -35,13 +35,14 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
 
 
 def _run_render(args: argparse.Namespace) -> int:
-    import uvicorn
+    from tokenfront.core.torch_guard import hide_torch
 
+    hide_torch()  # the renderer never runs a model: keep torch out even where it is installed
     from tokenfront.core.render import RenderPipeline
     from tokenfront.renderer.app import create_renderer_app
+    from tokenfront.server.process import run_server
 
-    options = options_from_args(args)
-    pipeline = RenderPipeline.load(options)
+    pipeline = RenderPipeline.load(options_from_args(args))
     fingerprint = pipeline.fingerprint
     log.info(
         "renderer ready: model %s, fingerprint %s (%s), tokenizer backend %s",
@@ -51,8 +52,7 @@ def _run_render(args: argparse.Namespace) -> int:
         pipeline.backend.name,
     )
     app = create_renderer_app(pipeline, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
-    # uvicorn finishes in-flight requests on SIGTERM/SIGINT before it exits.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 

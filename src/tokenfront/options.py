@@ -21,6 +21,8 @@ class RenderOptions:
     trust_remote_code: bool = False
     allow_request_chat_template: bool = False
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # How text is encoded, not what it encodes to: every backend gives the same ids (not fingerprinted).
+    tokenizer_backend: str = "auto"
 
 
 def add_render_arguments(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
@@ -59,6 +61,13 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, model_required: boo
         help='chat_template_kwargs applied to every chat request, e.g. \'{"enable_thinking": false}\'; '
         "a request's own kwargs win",
     )
+    group.add_argument(
+        "--tokenizer-backend",
+        choices=["auto", "fastokens", "tokenizers", "transformers"],
+        default="auto",
+        help="encoder of the tokenizer (same ids by contract; auto: fastokens when it agrees with tokenizers "
+        "on a start-up probe, else tokenizers)",
+    )
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -83,4 +92,5 @@ def options_from_args(args: argparse.Namespace) -> RenderOptions:
         trust_remote_code=args.trust_remote_code,
         allow_request_chat_template=args.allow_request_chat_template,
         default_chat_template_kwargs=dict(args.default_chat_template_kwargs or {}),
+        tokenizer_backend=args.tokenizer_backend,
     )

@@ -53,7 +53,7 @@ class RenderPipeline:
         self.checkpoint = checkpoint
         self.options = options
         self.tokenizer = checkpoint.tokenizer
-        self.backend: TokenizerBackend = backend_for(checkpoint.tokenizer)
+        self.backend: TokenizerBackend = backend_for(checkpoint.tokenizer, options.tokenizer_backend)  # type: ignore[arg-type]
         self.reasoning_parser: ReasoningParser | None = (
             _parser_or_startup_error(get_reasoning_parser, options.reasoning_parser, "--reasoning-parser")
         )

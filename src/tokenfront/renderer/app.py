@@ -1,13 +1,24 @@
-"""The standalone renderer (`tokenfront render`): CPU only, loads no weights, never imports torch."""
+"""The standalone renderer (`tokenfront render`): CPU only, loads no weights, never imports torch.
+
+Importing this module keeps torch out of the process (see core/torch_guard.py), so an app built from it in
+a process of one's own stays torch-free too. The worker mounts `renderer.routes`, never this module.
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import logging
 
-from tokenfront.core.render import RenderPipeline
-from tokenfront.renderer.routes import render_router
-from tokenfront.server.app import create_app
-from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
+from tokenfront.core.torch_guard import hide_torch
+
+if not hide_torch():
+    logging.getLogger(__name__).warning("torch is already imported: the renderer app cannot keep it out")
+
+from fastapi import FastAPI  # noqa: E402 - after the torch guard on purpose
+
+from tokenfront.core.render import RenderPipeline  # noqa: E402
+from tokenfront.renderer.routes import render_router  # noqa: E402
+from tokenfront.server.app import create_app  # noqa: E402
+from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES  # noqa: E402
 
 
 def create_renderer_app(

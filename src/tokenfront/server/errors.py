@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -54,27 +55,53 @@ def model_not_found(model: str, served: tuple[str, ...]) -> APIError:
     )
 
 
+_TYPE_LABEL = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*|literal\[.*\]|[A-Z]\w*)$")
+
+
 def _location(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p != "body"]
+    """`messages[0].content` from pydantic's ('body', 'messages', 0, 'content', 'str')."""
     text = ""
-    for part in parts:
-        text += f"[{part}]" if part.isdigit() else (f".{part}" if text else part)
+    for part in loc:
+        if part == "body" and not text:
+            continue
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif _TYPE_LABEL.match(str(part)):
+            continue  # which branch of a union failed: noise to a person
+        else:
+            text += f".{part}" if text else str(part)
     return text
 
 
-def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+def _union_branches(errors: list[dict[str, Any]], where: str) -> list[str]:
+    branches = []
+    for error in errors:
+        loc = [str(p) for p in error.get("loc", ())]
+        labels = [p for p in loc if _TYPE_LABEL.match(p) and not p[0].isupper()]
+        if _location(tuple(error.get("loc", ()))).startswith(where) and labels and labels[0] not in branches:
+            branches.append(labels[0])
+    return branches
+
+
+def _validation_message(errors: list[dict[str, Any]], content_type: str) -> tuple[str, str | None]:
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})", None
     loc = _location(tuple(first.get("loc", ())))
     if not loc and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
+        if "json" not in content_type:
+            return ("the request body must be JSON: send it with `Content-Type: application/json` "
+                    f"(got {content_type or 'no content type'})"), None
         return "the request body must be a JSON object", None
-    msgs = []
+    branches = _union_branches(errors, loc)
+    if len(branches) > 1:
+        return f"invalid request: {loc} has the wrong type; expected one of: {', '.join(branches)}", loc or None
+    messages = []
     for error in errors[:5]:
         where = _location(tuple(error.get("loc", ()))) or "body"
-        msgs.append(f"{where}: {error.get('msg', 'invalid')}")
+        messages.append(f"{where}: {error.get('msg', 'invalid')}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return "invalid request: " + "; ".join(msgs) + more, loc or None
+    return "invalid request: " + "; ".join(messages) + more, loc or None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -91,8 +118,8 @@ def install_error_handlers(app: FastAPI) -> None:
                               error_type=exc.error_type)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(list(exc.errors()))
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(list(exc.errors()), request.headers.get("content-type", ""))
         return error_response(400, message, param=param)
 
     @app.exception_handler(StarletteHTTPException)

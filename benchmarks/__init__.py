@@ -1,0 +1,1 @@
+"""tokenfront benchmarks: speed measured side by side against the reference path, reported as ratios."""

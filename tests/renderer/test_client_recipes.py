@@ -1,0 +1,183 @@
+"""The reference text's client recipes, run verbatim against a real renderer (SPEC §2).
+
+The recipes are copied character for character from `reference/render-endpoints.txt` (the user's own
+description); when that file is present, the test checks the copies still match it. `$WORKER` is a small
+real HTTP server started by the test that records the JSON bodies it receives and answers `{}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenizers import Tokenizer
+
+REFERENCE_TEXT = Path("/work/shared/reference/render-endpoints.txt")
+
+COMPLETIONS_RECIPE = """\
+curl -s $RENDERER/v1/completions/render -H 'Content-Type: application/json' -d @request.json \\
+  | jq -c '.[] | .request + {prompt: .token_ids}' \\
+  | while read -r body; do
+      curl -s $WORKER/v1/completions -H 'Content-Type: application/json' -d "$body"
+    done"""
+
+CHAT_RECIPE = """\
+curl -s $RENDERER/v1/chat/completions/render -H 'Content-Type: application/json' -d @request.json \\
+  | jq '.request + {prompt_token_ids: .token_ids}' \\
+  | curl -s $WORKER/v1/chat/completions -H 'Content-Type: application/json' -d @-"""
+
+PYTHON_RECIPE = """\
+import requests
+
+rendered = requests.post(f"{RENDERER}/v1/chat/completions/render", json=body).json()
+send = {**rendered["request"], "prompt_token_ids": rendered["token_ids"]}
+reply = requests.post(f"{WORKER}/v1/chat/completions", json=send).json()"""
+
+CHAT_BODY = {
+    "model": "Qwen3-0.6B",
+    "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name three primary colors."},
+    ],
+    "max_tokens": 24,
+    "temperature": 0,
+}
+CHAT_IDS = [
+    151644, 8948, 198, 2610, 525, 50537, 13, 151645, 198,
+    151644, 872, 198, 675, 2326, 6028, 7987, 13, 151645, 198,
+    151644, 77091, 198,
+]
+
+needs_jq = pytest.mark.skipif(
+    shutil.which("jq") is None or shutil.which("curl") is None, reason="the shell recipes need jq and curl"
+)
+
+
+class RecordingWorker:
+    """A real HTTP server on loopback standing in for an inference worker: records POSTed JSON, answers {}."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+        worker = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body: Any = json.loads(raw)
+                except ValueError:
+                    body = ("not JSON", raw)
+                with worker._lock:
+                    worker.received.append((self.path, body))
+                payload = b"{}"
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> RecordingWorker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def worker() -> Iterator[RecordingWorker]:
+    with RecordingWorker() as recording:
+        yield recording
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(qwen3: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(qwen3 / "tokenizer.json"))
+
+
+def run_recipe(script: str, *, renderer: str, worker: str, cwd: Path, request: dict[str, Any]) -> str:
+    (cwd / "request.json").write_text(json.dumps(request, indent=2))
+    result = subprocess.run(
+        ["bash", "-c", script],
+        cwd=cwd,
+        env={**os.environ, "RENDERER": renderer, "WORKER": worker},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr == "", result.stderr
+    return result.stdout
+
+
+@pytest.mark.skipif(not REFERENCE_TEXT.exists(), reason="the reference text is not on this machine")
+def test_recipes_are_verbatim_copies() -> None:
+    text = REFERENCE_TEXT.read_text()
+    for recipe in (COMPLETIONS_RECIPE, CHAT_RECIPE, PYTHON_RECIPE):
+        assert recipe in text, recipe
+
+
+@needs_jq
+def test_completions_shell_recipe(
+    qwen3_renderer: Any, worker: RecordingWorker, tmp_path: Path, hf_tokenizer: Tokenizer
+) -> None:
+    prompts = ["The capital of France is", "Hello, world", "def fib(n):"]
+    request = {"model": "Qwen3-0.6B", "prompt": prompts, "max_tokens": 8, "temperature": 0}
+    out = run_recipe(COMPLETIONS_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path,
+                     request=request)
+    assert out == "{}" * len(prompts)
+    ids = [hf_tokenizer.encode(prompt).ids for prompt in prompts]
+    assert ids[0] == [785, 6722, 315, 9625, 374]
+    # One body per prompt item, each the original request with the item's ids as its prompt.
+    assert worker.received == [("/v1/completions", {**request, "prompt": item_ids}) for item_ids in ids]
+
+
+@needs_jq
+def test_completions_shell_recipe_with_id_prompts(
+    qwen3_renderer: Any, worker: RecordingWorker, tmp_path: Path
+) -> None:
+    prompts = [[785, 6722, 315], [9625, 374]]
+    request = {"prompt": prompts, "max_tokens": 4, "cache_salt": "s1"}
+    run_recipe(COMPLETIONS_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=request)
+    assert worker.received == [("/v1/completions", {**request, "prompt": item}) for item in prompts]
+
+
+@needs_jq
+def test_chat_shell_recipe(qwen3_renderer: Any, worker: RecordingWorker, tmp_path: Path) -> None:
+    out = run_recipe(CHAT_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=CHAT_BODY)
+    assert out == "{}"
+    assert worker.received == [("/v1/chat/completions", {**CHAT_BODY, "prompt_token_ids": CHAT_IDS})]
+
+
+@needs_jq
+def test_chat_shell_recipe_with_thinking_off(qwen3_renderer: Any, worker: RecordingWorker, tmp_path: Path) -> None:
+    request = {**CHAT_BODY, "chat_template_kwargs": {"enable_thinking": False}, "cache_salt": "abc"}
+    run_recipe(CHAT_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=request)
+    ids = [*CHAT_IDS, 151667, 271, 151668, 271]
+    assert worker.received == [("/v1/chat/completions", {**request, "prompt_token_ids": ids})]
+
+
+def test_python_recipe(qwen3_renderer: Any, worker: RecordingWorker) -> None:
+    namespace: dict[str, Any] = {"RENDERER": qwen3_renderer.url, "WORKER": worker.url, "body": CHAT_BODY}
+    exec(compile(PYTHON_RECIPE, "render-endpoints.txt", "exec"), namespace)
+    assert namespace["reply"] == {}
+    assert namespace["rendered"]["token_ids"] == CHAT_IDS
+    assert worker.received == [("/v1/chat/completions", {**CHAT_BODY, "prompt_token_ids": CHAT_IDS})]
