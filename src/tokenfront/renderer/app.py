@@ -13,12 +13,12 @@ from tokenfront.core.torch_guard import hide_torch
 if not hide_torch():
     logging.getLogger(__name__).warning("torch is already imported: the renderer app cannot keep it out")
 
-from fastapi import FastAPI  # noqa: E402 - after the torch guard on purpose
+from fastapi import FastAPI  # after the torch guard, on purpose
 
-from tokenfront.core.render import RenderPipeline  # noqa: E402
-from tokenfront.renderer.routes import render_router  # noqa: E402
-from tokenfront.server.app import create_app  # noqa: E402
-from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES  # noqa: E402
+from tokenfront.core.render import RenderPipeline
+from tokenfront.renderer.routes import render_router
+from tokenfront.server.app import create_app
+from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 
 
 def create_renderer_app(
