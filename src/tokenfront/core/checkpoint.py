@@ -53,7 +53,8 @@ class ChatTemplateSource:
     origin: str
 
     def select(self, *, has_tools: bool) -> str | None:
-        """Pick the template a request uses: `tool_use` when tools are given and it exists, else `default`."""
+        """Pick the template a request uses: `tool_use` when tools are given (even `[]`) and it exists,
+        else `default`."""
         if has_tools and "tool_use" in self.templates:
             return self.templates["tool_use"]
         return self.templates.get("default")

@@ -115,13 +115,16 @@ def parse_tool_arguments(arguments: Any) -> dict[str, Any]:
 
 
 def _merge_system_messages(messages: list[dict[str, Any]], content_format: ContentFormat) -> list[dict[str, Any]]:
-    # A template that cannot tell developer from system gets one system message: developer turns become
-    # system turns, and all of them are merged in order into the first message.
-    system_texts = [_flat_text(m["content"]) for m in messages if m["role"] in ("system", "developer")]
-    merged = "\n\n".join(system_texts)
-    content: Any = merged if content_format == "string" else [{"type": "text", "text": merged}]
-    rest = [m for m in messages if m["role"] not in ("system", "developer")]
-    return [{"role": "system", "content": content}, *rest]
+    # A template that cannot tell developer from system gets one system message (vLLM's consolidation):
+    # developer turns become system turns; a lone system message already in front stays as it is; otherwise
+    # the non-empty ones are merged, in order, into one first message with string content.
+    messages = [{**m, "role": "system"} if m["role"] == "developer" else m for m in messages]
+    system = [m for m in messages if m["role"] == "system"]
+    if len(system) == 1 and messages[0] is system[0]:
+        return messages
+    texts = [text for text in (_flat_text(m["content"]) for m in system) if text]
+    rest = [m for m in messages if m["role"] != "system"]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *rest]
 
 
 def _flat_text(content: Any) -> str:

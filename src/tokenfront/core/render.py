@@ -25,9 +25,12 @@ from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 log = logging.getLogger(__name__)
 
 # Template variables the pipeline sets itself; chat_template_kwargs may not replace them.
+# Also transformers' own apply_chat_template parameters: passed as kwargs they would change what
+# transformers does (or make it raise), so a request may not smuggle them in as template variables.
 _RESERVED_TEMPLATE_VARIABLES = frozenset(
     {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template",
-     "tokenize"}
+     "conversation", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
 )
 
 
@@ -116,7 +119,8 @@ class RenderPipeline:
         )
 
     def _template_for(self, request: ChatCompletionRequest) -> ChatTemplate:
-        has_tools = bool(request.tools)
+        # `tools: []` still picks the tool_use template, as transformers does (it tests `is not None`).
+        has_tools = request.tools is not None
         if request.chat_template is not None:
             if not self.options.allow_request_chat_template:
                 raise RenderError(

@@ -115,8 +115,9 @@ class ChatTemplate:
                 f"the chat template is not valid Jinja: {exc.message} (line {exc.lineno})", param="chat_template"
             ) from exc
         self.content_format: ContentFormat = "openai" if _loops_over_message_content(tree) else "string"
-        # A template that never says "developer" cannot tell developer messages from system ones.
-        self.knows_developer_role = "developer" in source
+        # A template that never names the "developer" role (quoted, as vLLM checks: a `developer_preamble`
+        # variable does not count) cannot tell developer messages from system ones.
+        self.knows_developer_role = '"developer"' in source or "'developer'" in source
 
     def render(
         self,
