@@ -30,15 +30,17 @@ demo: install
 # Set up and run every test (fixtures are fetched by the project's own script and cached).
 test: install-test
 	$(BIN)/tokenfront fixtures
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 test-fast: install-test
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint:
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/ruff format --check src tests benchmarks
 
 format:
 	$(BIN)/ruff format src tests

@@ -22,7 +22,36 @@ from tokenfront import RenderOptions, RenderPipeline, fixtures
 from tokenfront.core.messages import normalize_messages
 from tokenfront.protocol import ChatCompletionRequest
 
-_SYLLABLES = ["ka", "ri", "to", "ne", "sa", "mu", "lo", "ve", "di", "pra", "ste", "qua", "zon", "fel", "bri", "ght", "tion", "ing", "er", "an", "東", "京", "语", "言", "データ", "ö", "ü", "é"]
+_SYLLABLES = [
+    "ka",
+    "ri",
+    "to",
+    "ne",
+    "sa",
+    "mu",
+    "lo",
+    "ve",
+    "di",
+    "pra",
+    "ste",
+    "qua",
+    "zon",
+    "fel",
+    "bri",
+    "ght",
+    "tion",
+    "ing",
+    "er",
+    "an",
+    "東",
+    "京",
+    "语",
+    "言",
+    "データ",
+    "ö",
+    "ü",
+    "é",
+]
 _PUNCTUATION = ("", "", "", "", ",", ".", "?", "!", ":", ";")
 
 
@@ -35,14 +64,30 @@ def _vocabulary(rng: random.Random, size: int = 20000) -> list[str]:
 WORDS = _vocabulary(random.Random(1234))
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                        "unit": {"type": "string", "enum": ["c", "f"]}},
-                       "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the web",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}},
+                "required": ["query"],
+            },
+        },
+    },
 ]
 
 
@@ -55,21 +100,44 @@ def _text(rng: random.Random, words: int, tag: int, vocabulary: list[str] = WORD
 
 
 def short_chats(n: int, rng: random.Random) -> list[dict[str, Any]]:
-    return [{"messages": [{"role": "system", "content": "You are terse."},
-                          {"role": "user", "content": _text(rng, 20, i)}]} for i in range(n)]
+    return [
+        {
+            "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": _text(rng, 20, i)},
+            ]
+        }
+        for i in range(n)
+    ]
 
 
 def tool_chats(n: int, rng: random.Random) -> list[dict[str, Any]]:
     out = []
     for i in range(n):
-        out.append({"tools": TOOLS, "messages": [
-            {"role": "user", "content": _text(rng, 15, i)},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"call_{i}", "type": "function",
-                 "function": {"name": "get_weather", "arguments": json.dumps({"city": rng.choice(WORDS)})}}]},
-            {"role": "tool", "tool_call_id": f"call_{i}", "content": _text(rng, 10, i)},
-            {"role": "user", "content": _text(rng, 8, i)},
-        ]})
+        out.append(
+            {
+                "tools": TOOLS,
+                "messages": [
+                    {"role": "user", "content": _text(rng, 15, i)},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": f"call_{i}",
+                                "type": "function",
+                                "function": {
+                                    "name": "get_weather",
+                                    "arguments": json.dumps({"city": rng.choice(WORDS)}),
+                                },
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": f"call_{i}", "content": _text(rng, 10, i)},
+                    {"role": "user", "content": _text(rng, 8, i)},
+                ],
+            }
+        )
     return out
 
 
@@ -114,10 +182,14 @@ def reference_renderer(pipeline: RenderPipeline) -> Callable[[dict[str, Any]], l
     compiled = compile_template(template)
 
     def render(body: dict[str, Any]) -> list[int]:
-        messages = normalize_messages(body["messages"], content_format=compiled.content_format,
-                                      template_knows_developer=compiled.knows_developer_role)
-        text = tokenizer.apply_chat_template(messages, tools=body.get("tools"), tokenize=False,
-                                             add_generation_prompt=True)
+        messages = normalize_messages(
+            body["messages"],
+            content_format=compiled.content_format,
+            template_knows_developer=compiled.knows_developer_role,
+        )
+        text = tokenizer.apply_chat_template(
+            messages, tools=body.get("tools"), tokenize=False, add_generation_prompt=True
+        )
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     return render
@@ -140,7 +212,9 @@ def _time(render: Callable[[dict[str, Any]], list[int]], requests: list[dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--checkpoint", default="qwen3", help="fixture checkpoint name (default qwen3)")
     parser.add_argument("--requests", type=int, default=200, help="requests per workload and round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -180,14 +254,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print(f"checkpoint {args.checkpoint}, tokenizer backend {pipeline.backend.name}, best of {args.rounds} "
-              "rounds, in-process, one core; ratio = tokenfront speed / reference speed")
-        print(f"{'workload':<14} {'requests':>8} {'reference req/s':>16} {'[tokenizers] req/s':>19} "
-              f"{'ratio':>6} {'tokenfront req/s':>17} {'ratio':>6}")
+        print(
+            f"checkpoint {args.checkpoint}, tokenizer backend {pipeline.backend.name}, best of {args.rounds} "
+            "rounds, in-process, one core; ratio = tokenfront speed / reference speed"
+        )
+        print(
+            f"{'workload':<14} {'requests':>8} {'reference req/s':>16} {'[tokenizers] req/s':>19} "
+            f"{'ratio':>6} {'tokenfront req/s':>17} {'ratio':>6}"
+        )
         for name, row in results.items():
-            print(f"{name:<14} {row['requests']:>8} {row['reference_rps']:>16.1f} "
-                  f"{row['tokenfront[tokenizers]_rps']:>19.1f} {row['ratio_tokenizers_backend']:>5.2f}x "
-                  f"{row['tokenfront_rps']:>17.1f} {row['ratio']:>5.2f}x")
+            print(
+                f"{name:<14} {row['requests']:>8} {row['reference_rps']:>16.1f} "
+                f"{row['tokenfront[tokenizers]_rps']:>19.1f} {row['ratio_tokenizers_backend']:>5.2f}x "
+                f"{row['tokenfront_rps']:>17.1f} {row['ratio']:>5.2f}x"
+            )
     return 0
 
 

@@ -64,8 +64,9 @@ class ServerProcess:
         return int(self.process.returncode)
 
 
-def start_server(args: list[str], *, log_dir: Path, env: dict[str, str] | None = None,
-                 timeout: float = 120.0) -> ServerProcess:
+def start_server(
+    args: list[str], *, log_dir: Path, env: dict[str, str] | None = None, timeout: float = 120.0
+) -> ServerProcess:
     """Run `python -m tokenfront.cli ARGS --host 127.0.0.1 --port P` and wait until /health answers."""
     port = free_port()
     log_path = log_dir / f"server-{port}.log"

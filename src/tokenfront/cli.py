@@ -19,7 +19,9 @@ log = logging.getLogger("tokenfront")
 def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    group.add_argument("--port", type=int, default=default_port, help=f"port to bind (default: {default_port})")
+    group.add_argument(
+        "--port", type=int, default=default_port, help=f"port to bind (default: {default_port})"
+    )
     group.add_argument(
         "--api-key",
         default=os.environ.get("TOKENFRONT_API_KEY"),

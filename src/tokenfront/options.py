@@ -35,7 +35,9 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, model_required: boo
     )
     group.add_argument("--tokenizer", help="tokenizer folder or hub id, when it is not the model's")
     group.add_argument("--chat-template", help="chat template: a file path or an inline Jinja string")
-    group.add_argument("--reasoning-parser", help="reasoning parser name (e.g. qwen3, deepseek_r1, laguna, minimax_m3)")
+    group.add_argument(
+        "--reasoning-parser", help="reasoning parser name (e.g. qwen3, deepseek_r1, laguna, minimax_m3)"
+    )
     group.add_argument("--tool-call-parser", help="tool-call parser name (e.g. hermes, llama3_json)")
     group.add_argument(
         "--served-model-name",
@@ -58,7 +60,7 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, model_required: boo
         type=_json_object,
         default={},
         metavar="JSON",
-        help='chat_template_kwargs applied to every chat request, e.g. \'{"enable_thinking": false}\'; '
+        help="chat_template_kwargs applied to every chat request, e.g. '{\"enable_thinking\": false}'; "
         "a request's own kwargs win",
     )
     group.add_argument(

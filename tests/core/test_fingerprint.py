@@ -56,7 +56,9 @@ def test_moved_and_renamed_checkpoint_keeps_the_digest(
     assert qwen3_pipeline.fingerprint.matches(other.fingerprint)
 
 
-def test_one_byte_of_chat_template_changes_it(qwen3: Path, qwen3_pipeline: RenderPipeline, tmp_path: Path) -> None:
+def test_one_byte_of_chat_template_changes_it(
+    qwen3: Path, qwen3_pipeline: RenderPipeline, tmp_path: Path
+) -> None:
     changed = _copy(qwen3, tmp_path / "template")
     _edit_json(changed / "tokenizer_config.json", lambda c: c.update(chat_template=c["chat_template"] + " "))
     other = _pipeline(changed)
@@ -85,7 +87,9 @@ def test_one_changed_token_changes_it(qwen3: Path, qwen3_pipeline: RenderPipelin
     assert all("tokenizer" in reason for reason in reasons)
 
 
-def test_one_changed_added_token_flag_changes_it(qwen3: Path, qwen3_pipeline: RenderPipeline, tmp_path: Path) -> None:
+def test_one_changed_added_token_flag_changes_it(
+    qwen3: Path, qwen3_pipeline: RenderPipeline, tmp_path: Path
+) -> None:
     changed = _copy(qwen3, tmp_path / "added")
 
     def unspecial(spec: dict) -> None:
@@ -94,9 +98,14 @@ def test_one_changed_added_token_flag_changes_it(qwen3: Path, qwen3_pipeline: Re
                 token["special"] = not token["special"]
 
     _edit_json(changed / "tokenizer.json", unspecial)
-    _edit_json(changed / "tokenizer_config.json", lambda c: [
-        t.update(special=not t["special"]) for t in c["added_tokens_decoder"].values() if t["content"] == "<think>"
-    ])
+    _edit_json(
+        changed / "tokenizer_config.json",
+        lambda c: [
+            t.update(special=not t["special"])
+            for t in c["added_tokens_decoder"].values()
+            if t["content"] == "<think>"
+        ],
+    )
     other = _pipeline(changed)
     assert "tokenizer added tokens differs" in qwen3_pipeline.fingerprint.compare(other.fingerprint)
 
@@ -138,12 +147,18 @@ class CustomTokenizer(PreTrainedTokenizerFast):
 '''
 
 
-def test_remote_code_tokenizer_is_incomplete(qwen3: Path, qwen3_pipeline: RenderPipeline, tmp_path: Path) -> None:
+def test_remote_code_tokenizer_is_incomplete(
+    qwen3: Path, qwen3_pipeline: RenderPipeline, tmp_path: Path
+) -> None:
     custom = _copy(qwen3, tmp_path / "remote-code")
     (custom / "tokenization_custom.py").write_text(CUSTOM_TOKENIZER)
-    _edit_json(custom / "tokenizer_config.json", lambda c: c.update(
-        tokenizer_class="CustomTokenizer", auto_map={"AutoTokenizer": [None, "tokenization_custom.CustomTokenizer"]}
-    ))
+    _edit_json(
+        custom / "tokenizer_config.json",
+        lambda c: c.update(
+            tokenizer_class="CustomTokenizer",
+            auto_map={"AutoTokenizer": [None, "tokenization_custom.CustomTokenizer"]},
+        ),
+    )
     pipeline = _pipeline(custom, trust_remote_code=True)
     fingerprint = pipeline.fingerprint
     assert type(pipeline.tokenizer).__name__ == "CustomTokenizer"

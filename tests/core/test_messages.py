@@ -13,8 +13,10 @@ def _one(message: dict, fmt: str = "string") -> dict:
 
 
 def test_string_format_joins_text_parts_with_newlines() -> None:
-    message = {"role": "user", "content": [{"type": "text", "text": "First part."},
-                                           {"type": "text", "text": "Second part."}]}
+    message = {
+        "role": "user",
+        "content": [{"type": "text", "text": "First part."}, {"type": "text", "text": "Second part."}],
+    }
     assert _one(message)["content"] == "First part.\nSecond part."
 
 
@@ -28,20 +30,26 @@ def test_null_content_is_empty_string_for_string_templates() -> None:
 
 
 def test_tool_message_parts_are_joined_even_for_openai_templates() -> None:
-    message = {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "a"},
-                                                                  {"type": "text", "text": "b"}]}
+    message = {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+    }
     out = _one(message, "openai")
     assert out == {"role": "tool", "content": "a\nb", "tool_call_id": "c1"}
 
 
-@pytest.mark.parametrize(("arguments", "expected"), [
-    ('{"city": "Paris"}', {"city": "Paris"}),
-    ("", {}),
-    ("not json", {}),
-    ("[1, 2]", {}),
-    ({"already": "object"}, {"already": "object"}),
-    (None, {}),
-])
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ('{"city": "Paris"}', {"city": "Paris"}),
+        ("", {}),
+        ("not json", {}),
+        ("[1, 2]", {}),
+        ({"already": "object"}, {"already": "object"}),
+        (None, {}),
+    ],
+)
 def test_tool_call_arguments_become_objects(arguments: object, expected: dict) -> None:
     assert parse_tool_arguments(arguments) == expected
 
@@ -71,12 +79,15 @@ def test_lone_leading_developer_message_only_changes_role() -> None:
     assert out[0] == {"role": "system", "content": [{"type": "text", "text": "Rules."}]}
 
 
-@pytest.mark.parametrize("part", [
-    {"type": "image_url", "image_url": {"url": "http://x/cat.png"}},
-    {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
-    {"type": "video_url", "video_url": {"url": "http://x/v.mp4"}},
-    {"type": "file", "file": {"file_id": "f"}},
-])
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_url", "image_url": {"url": "http://x/cat.png"}},
+        {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
+        {"type": "video_url", "video_url": {"url": "http://x/v.mp4"}},
+        {"type": "file", "file": {"file_id": "f"}},
+    ],
+)
 def test_multimodal_parts_are_not_yet_supported(part: dict) -> None:
     with pytest.raises(UnsupportedContentError, match="not yet supported") as caught:
         _one({"role": "user", "content": [{"type": "text", "text": "look"}, part]})

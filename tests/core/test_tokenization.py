@@ -61,7 +61,11 @@ def test_backends_agree(name: str, checkpoint: Callable[[str], Path]) -> None:
             expected = list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
             for backend in backends:
                 assert backend.encode(text, add_special_tokens=add_special) == expected, (
-                    name, backend.name, add_special, text[:80])
+                    name,
+                    backend.name,
+                    add_special,
+                    text[:80],
+                )
 
 
 def test_auto_prefers_fastokens_and_honours_a_choice(qwen3: Path) -> None:

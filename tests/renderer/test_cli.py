@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 
 SHARED_OPTIONS = [
-    "--model", "--tokenizer", "--chat-template", "--reasoning-parser", "--tool-call-parser",
-    "--served-model-name", "--trust-remote-code", "--allow-request-chat-template",
+    "--model",
+    "--tokenizer",
+    "--chat-template",
+    "--reasoning-parser",
+    "--tool-call-parser",
+    "--served-model-name",
+    "--trust-remote-code",
+    "--allow-request-chat-template",
 ]
 SERVER_OPTIONS = ["--host", "--port", "--api-key", "--max-body-bytes"]
 
@@ -23,10 +29,15 @@ def tokenfront_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "tokenfront.cli"]
 
 
-def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
+def run(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> tuple[subprocess.CompletedProcess[str], float]:
     start = time.monotonic()
     result = subprocess.run(
-        [*tokenfront_command(), *args], capture_output=True, text=True, timeout=timeout,
+        [*tokenfront_command(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
     return result, time.monotonic() - start
@@ -60,7 +71,7 @@ def test_render_help_lists_the_shared_and_server_options() -> None:
     for option in [*SHARED_OPTIONS, *SERVER_OPTIONS]:
         assert option in result.stdout, option
     text = flat(result.stdout)
-    assert "(default: 8100)" in text[text.index("--port"):], result.stdout
+    assert "(default: 8100)" in text[text.index("--port") :], result.stdout
 
 
 def test_version() -> None:

@@ -51,9 +51,28 @@ CHAT_BODY = {
     "temperature": 0,
 }
 CHAT_IDS = [
-    151644, 8948, 198, 2610, 525, 50537, 13, 151645, 198,
-    151644, 872, 198, 675, 2326, 6028, 7987, 13, 151645, 198,
-    151644, 77091, 198,
+    151644,
+    8948,
+    198,
+    2610,
+    525,
+    50537,
+    13,
+    151645,
+    198,
+    151644,
+    872,
+    198,
+    675,
+    2326,
+    6028,
+    7987,
+    13,
+    151645,
+    198,
+    151644,
+    77091,
+    198,
 ]
 
 needs_jq = pytest.mark.skipif(
@@ -141,8 +160,9 @@ def test_completions_shell_recipe(
 ) -> None:
     prompts = ["The capital of France is", "Hello, world", "def fib(n):"]
     request = {"model": "Qwen3-0.6B", "prompt": prompts, "max_tokens": 8, "temperature": 0}
-    out = run_recipe(COMPLETIONS_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path,
-                     request=request)
+    out = run_recipe(
+        COMPLETIONS_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=request
+    )
     assert out == "{}" * len(prompts)
     ids = [hf_tokenizer.encode(prompt).ids for prompt in prompts]
     assert ids[0] == [785, 6722, 315, 9625, 374]
@@ -156,19 +176,25 @@ def test_completions_shell_recipe_with_id_prompts(
 ) -> None:
     prompts = [[785, 6722, 315], [9625, 374]]
     request = {"prompt": prompts, "max_tokens": 4, "cache_salt": "s1"}
-    run_recipe(COMPLETIONS_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=request)
+    run_recipe(
+        COMPLETIONS_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=request
+    )
     assert worker.received == [("/v1/completions", {**request, "prompt": item}) for item in prompts]
 
 
 @needs_jq
 def test_chat_shell_recipe(qwen3_renderer: Any, worker: RecordingWorker, tmp_path: Path) -> None:
-    out = run_recipe(CHAT_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=CHAT_BODY)
+    out = run_recipe(
+        CHAT_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=CHAT_BODY
+    )
     assert out == "{}"
     assert worker.received == [("/v1/chat/completions", {**CHAT_BODY, "prompt_token_ids": CHAT_IDS})]
 
 
 @needs_jq
-def test_chat_shell_recipe_with_thinking_off(qwen3_renderer: Any, worker: RecordingWorker, tmp_path: Path) -> None:
+def test_chat_shell_recipe_with_thinking_off(
+    qwen3_renderer: Any, worker: RecordingWorker, tmp_path: Path
+) -> None:
     request = {**CHAT_BODY, "chat_template_kwargs": {"enable_thinking": False}, "cache_salt": "abc"}
     run_recipe(CHAT_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=request)
     ids = [*CHAT_IDS, 151667, 271, 151668, 271]

@@ -32,15 +32,41 @@ import pytest
 TORCH_IMPORTABLE = importlib.util.find_spec("torch") is not None
 ENVIRONMENT = "torch is importable here" if TORCH_IMPORTABLE else "torch is not installed here"
 
-CHAT_BODY = {"messages": [{"role": "system", "content": "You are terse."},
-                          {"role": "user", "content": "Name three primary colors."}]}
-CHAT_IDS = [151644, 8948, 198, 2610, 525, 50537, 13, 151645, 198,
-            151644, 872, 198, 675, 2326, 6028, 7987, 13, 151645, 198, 151644, 77091, 198]
+CHAT_BODY = {
+    "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name three primary colors."},
+    ]
+}
+CHAT_IDS = [
+    151644,
+    8948,
+    198,
+    2610,
+    525,
+    50537,
+    13,
+    151645,
+    198,
+    151644,
+    872,
+    198,
+    675,
+    2326,
+    6028,
+    7987,
+    13,
+    151645,
+    198,
+    151644,
+    77091,
+    198,
+]
 FRANCE_IDS = [785, 6722, 315, 9625, 374]
 
 # A sys.meta_path finder that records every real attempt to import torch (or a torch submodule), with the stack
 # that made it, and then lets the import proceed as it would have (it finds nothing itself).
-RECORDER = r'''
+RECORDER = r"""
 import json as _json
 import os as _os
 import sys as _sys
@@ -66,9 +92,11 @@ class _TorchImportRecorder:
 
 
 _sys.meta_path.insert(0, _TorchImportRecorder())
-'''
+"""
 
-PIPELINE_SCRIPT = RECORDER + r'''
+PIPELINE_SCRIPT = (
+    RECORDER
+    + r"""
 import json
 import sys
 from pathlib import Path
@@ -93,15 +121,19 @@ print(json.dumps({
     ),
     "attempts": _TORCH_IMPORT_ATTEMPTS,
 }))
-'''
+"""
+)
 
 
 def _torch_mappings(pid: int) -> list[str]:
     maps = Path(f"/proc/{pid}/maps").read_text()
-    return sorted({
-        line.split()[-1] for line in maps.splitlines()
-        if "libtorch" in line or "/torch/" in line or "libc10" in line
-    })
+    return sorted(
+        {
+            line.split()[-1]
+            for line in maps.splitlines()
+            if "libtorch" in line or "/torch/" in line or "libc10" in line
+        }
+    )
 
 
 def _describe(attempts: list[dict[str, str]]) -> str:
@@ -134,19 +166,23 @@ def test_renderer_process_never_attempts_to_import_torch(
     site_dir = tmp_path / "site"
     site_dir.mkdir()
     marker = tmp_path / "recorder-active"
-    (site_dir / "sitecustomize.py").write_text(
-        RECORDER + f"\nopen({str(marker)!r}, 'w').close()\n"
-    )
+    (site_dir / "sitecustomize.py").write_text(RECORDER + f"\nopen({str(marker)!r}, 'w').close()\n")
     log = tmp_path / "torch-imports.jsonl"
     python_path = [str(site_dir), *filter(None, [os.environ.get("PYTHONPATH")])]
     renderer = server_factory(
-        "render", "--model", str(qwen3), "--reasoning-parser", "qwen3",
+        "render",
+        "--model",
+        str(qwen3),
+        "--reasoning-parser",
+        "qwen3",
         env={"PYTHONPATH": os.pathsep.join(python_path), "TOKENFRONT_TEST_TORCH_LOG": str(log)},
     )
     chat = httpx.post(f"{renderer.url}/v1/chat/completions/render", json=CHAT_BODY)
     assert chat.status_code == 200, chat.text
     assert chat.json()["token_ids"] == CHAT_IDS
-    completion = httpx.post(f"{renderer.url}/v1/completions/render", json={"prompt": ["The capital of France is"]})
+    completion = httpx.post(
+        f"{renderer.url}/v1/completions/render", json={"prompt": ["The capital of France is"]}
+    )
     assert completion.json()[0]["token_ids"] == FRANCE_IDS
     if Path(f"/proc/{renderer.process.pid}/maps").exists():
         mapped = _torch_mappings(renderer.process.pid)
@@ -163,7 +199,9 @@ def test_renderer_process_never_attempts_to_import_torch(
 def test_render_pipeline_never_imports_torch(qwen3: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", PIPELINE_SCRIPT, str(qwen3), json.dumps(CHAT_BODY)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])

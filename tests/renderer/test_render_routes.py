@@ -21,8 +21,15 @@ from tokenizers import Tokenizer
 CHAT = "/v1/chat/completions/render"
 COMPLETIONS = "/v1/completions/render"
 RENDER_KEYS = [
-    "schema_version", "kind", "request_id", "token_ids", "model",
-    "reasoning_ended", "reasoning_parser_kwargs", "cache_salt", "request",
+    "schema_version",
+    "kind",
+    "request_id",
+    "token_ids",
+    "model",
+    "reasoning_ended",
+    "reasoning_parser_kwargs",
+    "cache_salt",
+    "request",
 ]
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -39,11 +46,35 @@ REFERENCE_CHAT = {
     "temperature": 0,
 }
 REFERENCE_CHAT_IDS = [
-    151644, 8948, 198, 2610, 525, 50537, 13, 151645, 198,
-    151644, 872, 198, 675, 2326, 6028, 7987, 13, 151645, 198,
-    151644, 77091, 198,
+    151644,
+    8948,
+    198,
+    2610,
+    525,
+    50537,
+    13,
+    151645,
+    198,
+    151644,
+    872,
+    198,
+    675,
+    2326,
+    6028,
+    7987,
+    13,
+    151645,
+    198,
+    151644,
+    77091,
+    198,
 ]
-REFERENCE_COMPLETION = {"model": "Qwen3-0.6B", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+REFERENCE_COMPLETION = {
+    "model": "Qwen3-0.6B",
+    "prompt": "The capital of France is",
+    "max_tokens": 8,
+    "temperature": 0,
+}
 FRANCE_IDS = [785, 6722, 315, 9625, 374]
 THINK_START, THINK_END, IM_END = 151667, 151668, 151645
 
@@ -80,8 +111,14 @@ def raw_item_keys(text: str) -> list[list[str]]:
     return [[key for key, _ in item] for item in json.loads(text, object_pairs_hook=_pairs)]
 
 
-def assert_error(response: httpx.Response, status: int, *, param: str | None = None, code: str | None = None,
-                 contains: tuple[str, ...] = ()) -> dict[str, Any]:
+def assert_error(
+    response: httpx.Response,
+    status: int,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    contains: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """The response is the OpenAI error object with this status (and param/code/message text when given)."""
     assert response.status_code == status, (response.status_code, response.text)
     body = response.json()
@@ -199,8 +236,24 @@ def test_continue_final_message_leaves_the_last_turn_open(client: httpx.Client) 
     assert response.status_code == 200, response.text
     ids = response.json()["token_ids"]
     # "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nThe answer is" — no <|im_end|>.
-    assert ids == [151644, 872, 198, 87, IM_END, 198, 151644, 77091, 198, THINK_START, 271, THINK_END, 271,
-                   785, 4226, 374]
+    assert ids == [
+        151644,
+        872,
+        198,
+        87,
+        IM_END,
+        198,
+        151644,
+        77091,
+        198,
+        THINK_START,
+        271,
+        THINK_END,
+        271,
+        785,
+        4226,
+        374,
+    ]
 
 
 # --- completions -----------------------------------------------------------------------------------------
@@ -257,7 +310,9 @@ def test_completion_mixed_prompt_shapes_are_refused(client: httpx.Client) -> Non
     """A list mixing strings and id lists is none of the four prompt shapes (SPEC §3; OpenAI and vLLM refuse it)."""
     prompts: list[Any] = ["The capital of France is", [785, 6722, 315], "The capital of France is"]
     response = client.post(COMPLETIONS, json={"model": "Qwen3-0.6B", "prompt": prompts, "max_tokens": 8})
-    assert_error(response, 400, param="prompt", contains=("prompt has the wrong type", "list[int]", "list[str]"))
+    assert_error(
+        response, 400, param="prompt", contains=("prompt has the wrong type", "list[int]", "list[str]")
+    )
 
 
 def test_completion_id_list_passes_through(client: httpx.Client) -> None:
@@ -348,8 +403,13 @@ def test_audio_part_is_not_yet_supported(client: httpx.Client) -> None:
 def test_request_chat_template_not_allowed_by_default(client: httpx.Client) -> None:
     body = {**REFERENCE_CHAT, "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}
     response = client.post(CHAT, json=body)
-    assert_error(response, 400, param="chat_template", code="chat_template_not_allowed",
-                 contains=("--allow-request-chat-template",))
+    assert_error(
+        response,
+        400,
+        param="chat_template",
+        code="chat_template_not_allowed",
+        contains=("--allow-request-chat-template",),
+    )
 
 
 def test_continue_final_message_needs_add_generation_prompt_false(client: httpx.Client) -> None:
@@ -377,8 +437,10 @@ def test_empty_prompt_list(client: httpx.Client) -> None:
 
 
 def test_unknown_model(client: httpx.Client) -> None:
-    for route, body in ((CHAT, {**REFERENCE_CHAT, "model": "gpt-4o"}),
-                        (COMPLETIONS, {**REFERENCE_COMPLETION, "model": "gpt-4o"})):
+    for route, body in (
+        (CHAT, {**REFERENCE_CHAT, "model": "gpt-4o"}),
+        (COMPLETIONS, {**REFERENCE_COMPLETION, "model": "gpt-4o"}),
+    ):
         response = client.post(route, json=body)
         assert_error(response, 404, param="model", code="model_not_found", contains=("gpt-4o", "Qwen3-0.6B"))
 
@@ -431,7 +493,9 @@ def test_template_raise_exception(server_factory: Callable[..., Any], qwen3: Pat
     renderer = server_factory(
         "render", "--model", str(qwen3), "--chat-template", "{{ raise_exception('only tea is served here') }}"
     )
-    response = httpx.post(f"{renderer.url}{CHAT}", json={"messages": [{"role": "user", "content": "coffee?"}]})
+    response = httpx.post(
+        f"{renderer.url}{CHAT}", json={"messages": [{"role": "user", "content": "coffee?"}]}
+    )
     assert_error(response, 400, contains=("only tea is served here",))
     # Completions do not use the template.
     response = httpx.post(f"{renderer.url}{COMPLETIONS}", json={"prompt": "The capital of France is"})
@@ -443,12 +507,20 @@ def test_request_chat_template_when_allowed(
     server_factory: Callable[..., Any], qwen3: Path, hf_tokenizer: Tokenizer
 ) -> None:
     renderer = server_factory(
-        "render", "--model", str(qwen3), "--allow-request-chat-template", "--reasoning-parser", "qwen3",
-        "--served-model-name", "Qwen3-0.6B",
+        "render",
+        "--model",
+        str(qwen3),
+        "--allow-request-chat-template",
+        "--reasoning-parser",
+        "qwen3",
+        "--served-model-name",
+        "Qwen3-0.6B",
     )
     template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}>{% endif %}"
-    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
-            "chat_template": template}
+    body = {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+        "chat_template": template,
+    }
     response = httpx.post(f"{renderer.url}{CHAT}", json=body)
     assert response.status_code == 200, response.text
     rendered = response.json()
@@ -459,7 +531,9 @@ def test_request_chat_template_when_allowed(
     response = httpx.post(f"{renderer.url}{CHAT}", json=REFERENCE_CHAT)
     assert response.json()["token_ids"] == REFERENCE_CHAT_IDS
     # A request template that raises is still the client's 400; one that does not parse, too.
-    response = httpx.post(f"{renderer.url}{CHAT}", json={**body, "chat_template": "{{ raise_exception('nope') }}"})
+    response = httpx.post(
+        f"{renderer.url}{CHAT}", json={**body, "chat_template": "{{ raise_exception('nope') }}"}
+    )
     assert_error(response, 400, contains=("nope",))
     response = httpx.post(f"{renderer.url}{CHAT}", json={**body, "chat_template": "{% for %}"})
     assert_error(response, 400, param="chat_template")
@@ -473,16 +547,19 @@ def test_body_over_the_limit(server_factory: Callable[..., Any], qwen3: Path) ->
 
     big = json.dumps({"prompt": "x" * 2000}).encode()
     for route in (COMPLETIONS, CHAT):
-        response = httpx.post(f"{renderer.url}{route}", content=big, headers={"Content-Type": "application/json"})
+        response = httpx.post(
+            f"{renderer.url}{route}", content=big, headers={"Content-Type": "application/json"}
+        )
         assert_error(response, 413, contains=("1000",))
 
     # A chunked body (no Content-Length) over the limit is a 413 as well.
     def chunks() -> Iterator[bytes]:
         for start in range(0, len(big), 256):
-            yield big[start:start + 256]
+            yield big[start : start + 256]
 
-    response = httpx.post(f"{renderer.url}{COMPLETIONS}", content=chunks(),
-                          headers={"Content-Type": "application/json"})
+    response = httpx.post(
+        f"{renderer.url}{COMPLETIONS}", content=chunks(), headers={"Content-Type": "application/json"}
+    )
     assert "content-length" not in response.request.headers
     assert_error(response, 413, contains=("1000",))
 
@@ -570,8 +647,10 @@ def test_api_key(server_factory: Callable[..., Any], qwen3: Path) -> None:
     renderer = server_factory("render", "--model", str(qwen3), "--api-key", "secret")
     url = renderer.url
     assert_error(httpx.post(f"{url}{CHAT}", json=REFERENCE_CHAT | {"model": None}), 401, contains=("Bearer",))
-    assert_error(httpx.post(f"{url}{COMPLETIONS}", json={"prompt": "x"},
-                            headers={"Authorization": "Bearer wrong"}), 401)
+    assert_error(
+        httpx.post(f"{url}{COMPLETIONS}", json={"prompt": "x"}, headers={"Authorization": "Bearer wrong"}),
+        401,
+    )
     assert_error(httpx.get(f"{url}/server_info"), 401)
     assert_error(httpx.get(f"{url}/v1/models"), 401)
 
@@ -599,6 +678,9 @@ def test_graceful_shutdown(server_factory: Callable[..., Any], qwen3: Path) -> N
 
 def test_json_body_without_json_content_type_says_what_to_do(client: httpx.Client) -> None:
     # curl's plain `-d` sends application/x-www-form-urlencoded; the message must name the missing header.
-    response = client.post(COMPLETIONS, content=b'{"prompt": "hi"}',
-                           headers={"content-type": "application/x-www-form-urlencoded"})
+    response = client.post(
+        COMPLETIONS,
+        content=b'{"prompt": "hi"}',
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
     assert_error(response, 400, contains=("Content-Type: application/json",))

@@ -94,7 +94,9 @@ def resolve_folder(name_or_path: str, *, what: str) -> tuple[Path, str]:
     if local.is_dir():
         return local.resolve(), f"local:{local.resolve()}"
     if local.exists():
-        raise CheckpointError(f"{what} {name_or_path!r} is a file; pass the checkpoint folder that contains it")
+        raise CheckpointError(
+            f"{what} {name_or_path!r} is a file; pass the checkpoint folder that contains it"
+        )
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
         raise CheckpointError(f"{what} folder {name_or_path!r} does not exist")
     return _download_from_hub(name_or_path, what=what), f"hub:{name_or_path}"
@@ -188,7 +190,9 @@ def load_tokenizer(folder: Path, *, trust_remote_code: bool) -> Any:
         hint = ""
         if "trust_remote_code" in str(exc):
             hint = " The tokenizer ships its own code: start with --trust-remote-code if you trust it."
-        raise CheckpointError(f"cannot load a tokenizer from {folder}: {type(exc).__name__}: {exc}.{hint}") from exc
+        raise CheckpointError(
+            f"cannot load a tokenizer from {folder}: {type(exc).__name__}: {exc}.{hint}"
+        ) from exc
 
 
 def has_remote_code(*configs: dict[str, Any]) -> bool:
@@ -209,7 +213,9 @@ def load_checkpoint(
     model_path, source = resolve_folder(model, what="model") if model else (None, "")
     tokenizer_path = resolve_folder(tokenizer, what="tokenizer")[0] if tokenizer else model_path
     assert tokenizer_path is not None
-    config = read_json(model_path / "config.json") if model_path and (model_path / "config.json").is_file() else {}
+    config = (
+        read_json(model_path / "config.json") if model_path and (model_path / "config.json").is_file() else {}
+    )
     tokenizer_config = (
         read_json(tokenizer_path / "tokenizer_config.json")
         if (tokenizer_path / "tokenizer_config.json").is_file()

@@ -76,12 +76,14 @@ class Fingerprint:
         """Read a published fingerprint; None when it is missing or not of a known shape."""
         if not isinstance(value, dict) or not isinstance(value.get("compared"), dict):
             return None
+        info = value.get("info")
+        version = value.get("version", 0)
         return cls(
             compared=value["compared"],
             complete=bool(value.get("complete")),
             incomplete_reasons=[str(r) for r in value.get("incomplete_reasons") or []],
-            info=value.get("info") if isinstance(value.get("info"), dict) else {},
-            version=int(value.get("version", 0)) if isinstance(value.get("version", 0), int) else 0,
+            info=info if isinstance(info, dict) else {},
+            version=version if isinstance(version, int) else 0,
         )
 
     def matches(self, other: Fingerprint | None) -> bool:
@@ -96,7 +98,9 @@ class Fingerprint:
             return [f"fingerprint version {self.version} vs {other.version}"]
         reasons = []
         if not self.complete:
-            reasons.append("this side's tokenizer is not fully identified: " + "; ".join(self.incomplete_reasons))
+            reasons.append(
+                "this side's tokenizer is not fully identified: " + "; ".join(self.incomplete_reasons)
+            )
         if not other.complete:
             reasons.append(
                 f"{other_name}'s tokenizer is not fully identified: " + "; ".join(other.incomplete_reasons)
@@ -121,14 +125,21 @@ def _flatten(compared: dict[str, Any]) -> dict[str, Any]:
 def _component_differences(mine: dict[str, Any], theirs: dict[str, Any], other_name: str) -> list[str]:
     a, b = _flatten(mine), _flatten(theirs)
     reasons = []
-    for key in sorted(set(a) | set(b), key=lambda k: (list(_COMPONENT_LABELS).index(k) if k in _COMPONENT_LABELS
-                                                        else len(_COMPONENT_LABELS), k)):
+    for key in sorted(
+        set(a) | set(b),
+        key=lambda k: (
+            list(_COMPONENT_LABELS).index(k) if k in _COMPONENT_LABELS else len(_COMPONENT_LABELS),
+            k,
+        ),
+    ):
         if a.get(key) == b.get(key):
             continue
         label = _COMPONENT_LABELS.get(key, key)
         if key == "model_type":
-            reasons.append(f"model type {a.get(key) or 'none (generic text model)'} vs "
-                           f"{b.get(key) or 'none (generic text model)'}")
+            reasons.append(
+                f"model type {a.get(key) or 'none (generic text model)'} vs "
+                f"{b.get(key) or 'none (generic text model)'}"
+            )
         elif key == "processor" and b.get(key) and not a.get(key):
             reasons.append(f"{other_name}'s model builds its prompt in a processor")
         elif key == "processor" and a.get(key) and not b.get(key):
@@ -154,7 +165,9 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
     incomplete: list[str] = []
     module = type(tokenizer).__module__
     if not module.startswith("transformers."):
-        incomplete.append(f"tokenizer class {type(tokenizer).__name__} is code loaded with --trust-remote-code")
+        incomplete.append(
+            f"tokenizer class {type(tokenizer).__name__} is code loaded with --trust-remote-code"
+        )
     backend = getattr(tokenizer, "_tokenizer", None)
     model_hash: str | None = None
     vocab_hash: str | None = None
@@ -185,8 +198,10 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
         "vocab": vocab_hash,
         "added_tokens": sha256_text(canonical_json(added)),
         "special_tokens": dict(sorted(tokenizer.special_tokens_map.items())),
-        "add_bos_eos": [bool(getattr(tokenizer, "add_bos_token", False)),
-                        bool(getattr(tokenizer, "add_eos_token", False))],
+        "add_bos_eos": [
+            bool(getattr(tokenizer, "add_bos_token", False)),
+            bool(getattr(tokenizer, "add_eos_token", False)),
+        ],
         "split_special_tokens": bool(getattr(tokenizer, "split_special_tokens", False)),
     }
     return components, incomplete

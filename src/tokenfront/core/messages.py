@@ -17,9 +17,19 @@ _TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal"}
 # Content part types that carry media; rendering them needs a processor, which is not supported yet.
 _MEDIA_PARTS = frozenset(
     {
-        "image_url", "image", "image_pil", "image_embeds", "input_image",
-        "audio_url", "input_audio", "audio", "audio_embeds",
-        "video_url", "video", "file", "input_file",
+        "image_url",
+        "image",
+        "image_pil",
+        "image_embeds",
+        "input_image",
+        "audio_url",
+        "input_audio",
+        "audio",
+        "audio_embeds",
+        "video_url",
+        "video",
+        "file",
+        "input_file",
     }
 )
 # Message keys a template may see; anything else in a request message is not passed on (as in vLLM).
@@ -31,14 +41,17 @@ def normalize_messages(
 ) -> list[dict[str, Any]]:
     """Turn request messages into what the chat template receives."""
     normalized = [
-        _normalize_message(message, index=i, content_format=content_format) for i, message in enumerate(messages)
+        _normalize_message(message, index=i, content_format=content_format)
+        for i, message in enumerate(messages)
     ]
     if not template_knows_developer and any(m["role"] == "developer" for m in normalized):
         normalized = _merge_system_messages(normalized, content_format)
     return normalized
 
 
-def _normalize_message(message: dict[str, Any], *, index: int, content_format: ContentFormat) -> dict[str, Any]:
+def _normalize_message(
+    message: dict[str, Any], *, index: int, content_format: ContentFormat
+) -> dict[str, Any]:
     role = message["role"]
     texts = _content_texts(message.get("content"), param=f"messages[{index}].content")
     out: dict[str, Any] = {"role": role}
@@ -70,8 +83,9 @@ def _part_text(part: Any, *, param: str) -> str:
     if isinstance(part, str):
         return part
     if not isinstance(part, dict):
-        raise RenderError(f"{param} must be a content part object like {{\"type\": \"text\", \"text\": ...}}",
-                          param=param)
+        raise RenderError(
+            f'{param} must be a content part object like {{"type": "text", "text": ...}}', param=param
+        )
     kind = part.get("type")
     if kind is None:
         kind = "text" if "text" in part else next((key for key in part if key in _MEDIA_PARTS), None)
@@ -85,7 +99,7 @@ def _part_text(part: Any, *, param: str) -> str:
     field = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
     if field is None:
         raise RenderError(
-            f"{param} has unknown content part type {kind!r}; supported: \"text\" (and \"refusal\")", param=param
+            f'{param} has unknown content part type {kind!r}; supported: "text" (and "refusal")', param=param
         )
     text = part.get(field)
     if not isinstance(text, str):
@@ -114,7 +128,9 @@ def parse_tool_arguments(arguments: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _merge_system_messages(messages: list[dict[str, Any]], content_format: ContentFormat) -> list[dict[str, Any]]:
+def _merge_system_messages(
+    messages: list[dict[str, Any]], content_format: ContentFormat
+) -> list[dict[str, Any]]:
     # A template that cannot tell developer from system gets one system message (vLLM's consolidation):
     # developer turns become system turns; a lone system message already in front stays as it is; otherwise
     # the non-empty ones are merged, in order, into one first message with string content.

@@ -28,9 +28,24 @@ log = logging.getLogger(__name__)
 # Also transformers' own apply_chat_template parameters: passed as kwargs they would change what
 # transformers does (or make it raise), so a request may not smuggle them in as template variables.
 _RESERVED_TEMPLATE_VARIABLES = frozenset(
-    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template",
-     "conversation", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
-     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
+        "conversation",
+        "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
 )
 
 
@@ -57,11 +72,11 @@ class RenderPipeline:
         self.options = options
         self.tokenizer = checkpoint.tokenizer
         self.backend: TokenizerBackend = backend_for(checkpoint.tokenizer, options.tokenizer_backend)  # type: ignore[arg-type]
-        self.reasoning_parser: ReasoningParser | None = (
-            _parser_or_startup_error(get_reasoning_parser, options.reasoning_parser, "--reasoning-parser")
+        self.reasoning_parser: ReasoningParser | None = _parser_or_startup_error(
+            get_reasoning_parser, options.reasoning_parser, "--reasoning-parser"
         )
-        self.tool_call_parser: ToolCallParser | None = (
-            _parser_or_startup_error(get_tool_call_parser, options.tool_call_parser, "--tool-call-parser")
+        self.tool_call_parser: ToolCallParser | None = _parser_or_startup_error(
+            get_tool_call_parser, options.tool_call_parser, "--tool-call-parser"
         )
         self.vocab_size = len(checkpoint.tokenizer)
         self.served_model_names = options.served_model_name or (checkpoint.default_name,)
@@ -70,7 +85,9 @@ class RenderPipeline:
         # Compile the checkpoint's templates now: a broken template is a start-up error, not a per-request one.
         self._templates = {
             name: compile_template(text)
-            for name, text in (checkpoint.chat_templates.templates if checkpoint.chat_templates else {}).items()
+            for name, text in (
+                checkpoint.chat_templates.templates if checkpoint.chat_templates else {}
+            ).items()
         }
 
     @classmethod
@@ -110,7 +127,7 @@ class RenderPipeline:
             continue_final_message=request.continue_final_message,
             variables={**self._special_tokens, **kwargs},
         )
-        ids = self.backend.encode(text, add_special_tokens=bool(request.add_special_tokens))
+        ids = self._encode(text, add_special_tokens=bool(request.add_special_tokens), param="messages")
         return RenderedPrompt(
             token_ids=self._truncate(ids, request.truncate_prompt_tokens),
             prompt_text=text,
@@ -165,7 +182,7 @@ class RenderPipeline:
         for index, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt[{index}]"
             if isinstance(prompt, str):
-                ids = self.backend.encode(prompt, add_special_tokens=add_special)
+                ids = self._encode(prompt, add_special_tokens=add_special, param=param)
                 text: str | None = prompt
             else:
                 self.validate_token_ids(prompt, param=param)
@@ -194,6 +211,15 @@ class RenderPipeline:
                     code="token_id_out_of_vocabulary",
                 )
 
+    def _encode(self, text: str, *, add_special_tokens: bool, param: str) -> list[int]:
+        try:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens)
+        except Exception as exc:  # e.g. a regex resource limit on adversarial text: the client's input
+            log.warning("tokenizer failed on %d characters of %s: %s", len(text), param, exc)
+            raise RenderError(
+                f"the tokenizer could not encode {param} ({type(exc).__name__}: {exc})", param=param
+            ) from exc
+
     def serves(self, model: str | None) -> bool:
         """Whether `model` (absent means the served model) names this model."""
         return model is None or model in self.served_model_names
@@ -214,7 +240,9 @@ class RenderPipeline:
             chat_templates=templates.templates if templates else None,
             tokenizer=self.tokenizer,
             prompt_mode_reasoning_parser=parser.name if parser and parser.reads_mode_from_prompt else None,
-            forced_tool_call_prefix=self.tool_call_parser.fingerprint_component() if self.tool_call_parser else None,
+            forced_tool_call_prefix=self.tool_call_parser.fingerprint_component()
+            if self.tool_call_parser
+            else None,
             default_chat_template_kwargs=dict(self.options.default_chat_template_kwargs),
             remote_code=self.checkpoint.remote_code,
             info={
@@ -223,7 +251,9 @@ class RenderPipeline:
                 "reasoning_parser": self.options.reasoning_parser,
                 "tool_call_parser": self.options.tool_call_parser,
                 "model_path": str(self.checkpoint.model_path) if self.checkpoint.model_path else None,
-                "tokenizer_path": str(self.checkpoint.tokenizer_path) if self.checkpoint.tokenizer_path else None,
+                "tokenizer_path": str(self.checkpoint.tokenizer_path)
+                if self.checkpoint.tokenizer_path
+                else None,
                 "chat_template_origin": templates.origin if templates else None,
             },
         )

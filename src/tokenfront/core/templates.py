@@ -46,7 +46,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # Jinja's own tojson escapes HTML characters; the HF contract does not, and exposes json.dumps options.
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -112,7 +114,8 @@ class ChatTemplate:
             tree = _ENVIRONMENT.parse(source)
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateRenderError(
-                f"the chat template is not valid Jinja: {exc.message} (line {exc.lineno})", param="chat_template"
+                f"the chat template is not valid Jinja: {exc.message} (line {exc.lineno})",
+                param="chat_template",
             ) from exc
         self.content_format: ContentFormat = "openai" if _loops_over_message_content(tree) else "string"
         # A template that never names the "developer" role (quoted, as vLLM checks: a `developer_preamble`
@@ -147,8 +150,15 @@ class ChatTemplate:
         except jinja2.exceptions.TemplateError as exc:
             # raise_exception() from the template itself, or a sandbox / undefined-variable failure.
             raise TemplateRenderError(f"the chat template rejected the request: {exc}") from exc
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
-                RecursionError) as exc:
+        except (
+            TypeError,
+            ValueError,
+            KeyError,
+            IndexError,
+            AttributeError,
+            ArithmeticError,
+            RecursionError,
+        ) as exc:
             raise TemplateRenderError(
                 f"the chat template failed on this request ({type(exc).__name__}: {exc}); "
                 "check the message fields the template expects"
@@ -227,7 +237,9 @@ def _is_name(node: jinja2.nodes.Node, name: str) -> bool:
 
 def _is_item(node: jinja2.nodes.Node, name: str, key: str) -> bool:
     if isinstance(node, jinja2.nodes.Getitem):
-        return _is_name(node.node, name) and isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key
+        return (
+            _is_name(node.node, name) and isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key
+        )
     if isinstance(node, jinja2.nodes.Getattr):
         return _is_name(node.node, name) and node.attr == key
     return False
@@ -254,7 +266,11 @@ def _aliases(root: jinja2.nodes.Template, name: str) -> Iterator[str]:
         for assign in root.find_all(jinja2.nodes.Assign):
             target = assign.target
             # `seen` also ends cycles (`{% set a = b %}{% set b = a %}`) that a hostile template could build.
-            if isinstance(target, jinja2.nodes.Name) and target.name not in seen and _accesses(assign.node, current):
+            if (
+                isinstance(target, jinja2.nodes.Name)
+                and target.name not in seen
+                and _accesses(assign.node, current)
+            ):
                 seen.add(target.name)
                 yield target.name
                 pending.append(target.name)
@@ -262,7 +278,9 @@ def _aliases(root: jinja2.nodes.Template, name: str) -> Iterator[str]:
 
 def _loop_targets(root: jinja2.nodes.Template, iterables: list[str], key: str | None) -> Iterator[str]:
     for loop in root.find_all(jinja2.nodes.For):
-        if any(_accesses(loop.iter, name, key) for name in iterables) and isinstance(loop.target, jinja2.nodes.Name):
+        if any(_accesses(loop.iter, name, key) for name in iterables) and isinstance(
+            loop.target, jinja2.nodes.Name
+        ):
             yield loop.target.name
 
 

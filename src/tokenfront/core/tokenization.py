@@ -122,7 +122,9 @@ def backend_for(tokenizer: Any, choice: BackendChoice = "auto") -> TokenizerBack
     """The fastest backend whose ids equal the transformers tokenizer's (or the one asked for)."""
     if choice == "transformers" or not _has_rust_model(tokenizer):
         if choice not in ("auto", "transformers"):
-            log.warning("tokenizer %s has no Rust model: using transformers, not %s", type(tokenizer).__name__, choice)
+            log.warning(
+                "tokenizer %s has no Rust model: using transformers, not %s", type(tokenizer).__name__, choice
+            )
         return TransformersBackend(tokenizer)
     reference = RustTokenizersBackend(tokenizer)
     if choice == "tokenizers":

@@ -51,15 +51,23 @@ def _rendered_body(
     }
 
 
-def render_chat_response(pipeline: RenderPipeline, request: ChatCompletionRequest, body: dict[str, Any]) -> dict:
+def render_chat_response(
+    pipeline: RenderPipeline, request: ChatCompletionRequest, body: dict[str, Any]
+) -> dict:
     """The render response for one chat request (`body` is the original JSON, echoed unchanged)."""
     _check_model(pipeline, request.model)
     rendered = pipeline.render_chat(request)
     reasoning_kwargs = (
-        {"chat_template_kwargs": rendered.chat_template_kwargs} if pipeline.reasoning_parser is not None else None
+        {"chat_template_kwargs": rendered.chat_template_kwargs}
+        if pipeline.reasoning_parser is not None
+        else None
     )
     return _rendered_body(
-        kind="chat", request_id=chat_request_id(), rendered=rendered, request=body, reasoning_kwargs=reasoning_kwargs
+        kind="chat",
+        request_id=chat_request_id(),
+        rendered=rendered,
+        request=body,
+        reasoning_kwargs=reasoning_kwargs,
     )
 
 

@@ -29,14 +29,20 @@ class ServerMetrics:
             "tokenfront_requests", "HTTP requests answered", ["route", "status"], registry=self.registry
         )
         self.latency = Histogram(
-            "tokenfront_request_seconds", "Time to answer a request", ["route"], registry=self.registry,
+            "tokenfront_request_seconds",
+            "Time to answer a request",
+            ["route"],
+            registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
         self.rendered_prompts = Counter(
             "tokenfront_rendered_prompts", "Prompts rendered into ids", ["kind"], registry=self.registry
         )
         self.rendered_tokens = Counter(
-            "tokenfront_rendered_tokens", "Prompt tokens produced by rendering", ["kind"], registry=self.registry
+            "tokenfront_rendered_tokens",
+            "Prompt tokens produced by rendering",
+            ["kind"],
+            registry=self.registry,
         )
 
 
@@ -99,11 +105,14 @@ def create_app(
 
 def _install_auth_and_metrics(app: FastAPI, api_key: str | None) -> None:
     @app.middleware("http")
-    async def auth_and_metrics(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def auth_and_metrics(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         path = request.url.path
         if api_key is not None and path not in _OPEN_PATHS and not _authorized(request, api_key):
             return error_response(
-                401, "missing or incorrect API key: send it as `Authorization: Bearer <key>`",
+                401,
+                "missing or incorrect API key: send it as `Authorization: Bearer <key>`",
                 code="invalid_api_key",
             )
         start = time.perf_counter()

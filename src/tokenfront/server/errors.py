@@ -15,16 +15,30 @@ from tokenfront.core.errors import RenderError
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-          500: "internal_error", 503: "service_unavailable"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    500: "internal_error",
+    503: "service_unavailable",
+}
 
 
 class APIError(Exception):
     """An error answered as-is with its status and OpenAI error fields."""
 
-    def __init__(self, status_code: int, message: str, *, param: str | None = None, code: str | None = None,
-                 error_type: str | None = None) -> None:
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        error_type: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message
@@ -33,13 +47,21 @@ class APIError(Exception):
         self.error_type = error_type or _TYPES.get(status_code, "invalid_request_error")
 
 
-def error_body(message: str, *, error_type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, *, error_type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     """The OpenAI error object."""
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
-def error_response(status_code: int, message: str, *, param: str | None = None, code: str | None = None,
-                   error_type: str | None = None) -> JSONResponse:
+def error_response(
+    status_code: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    error_type: str | None = None,
+) -> JSONResponse:
     """A JSON response carrying the OpenAI error object."""
     kind = error_type or _TYPES.get(status_code, "invalid_request_error")
     return JSONResponse(error_body(message, error_type=kind, param=param, code=code), status_code=status_code)
@@ -86,16 +108,24 @@ def _union_branches(errors: list[dict[str, Any]], where: str) -> list[str]:
 def _validation_message(errors: list[dict[str, Any]], content_type: str) -> tuple[str, str | None]:
     first = errors[0]
     if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})", None
+        return (
+            f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})",
+            None,
+        )
     loc = _location(tuple(first.get("loc", ())))
     if not loc and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
         if "json" not in content_type:
-            return ("the request body must be JSON: send it with `Content-Type: application/json` "
-                    f"(got {content_type or 'no content type'})"), None
+            return (
+                "the request body must be JSON: send it with `Content-Type: application/json` "
+                f"(got {content_type or 'no content type'})"
+            ), None
         return "the request body must be a JSON object", None
     branches = _union_branches(errors, loc)
     if len(branches) > 1:
-        return f"invalid request: {loc} has the wrong type; expected one of: {', '.join(branches)}", loc or None
+        return (
+            f"invalid request: {loc} has the wrong type; expected one of: {', '.join(branches)}",
+            loc or None,
+        )
     messages = []
     for error in errors[:5]:
         where = _location(tuple(error.get("loc", ()))) or "body"
@@ -109,13 +139,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RenderError)
     async def _render_error(_: Request, exc: RenderError) -> JSONResponse:
-        return error_response(exc.status_code, exc.message, param=exc.param, code=exc.code,
-                              error_type=exc.error_type)
+        return error_response(
+            exc.status_code, exc.message, param=exc.param, code=exc.code, error_type=exc.error_type
+        )
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status_code, exc.message, param=exc.param, code=exc.code,
-                              error_type=exc.error_type)
+        return error_response(
+            exc.status_code, exc.message, param=exc.param, code=exc.code, error_type=exc.error_type
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -18,5 +18,6 @@ def run_server(app: Any, *, host: str, port: int, log_level: str) -> None:
     import uvicorn
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    uvicorn.run(app, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+    uvicorn.run(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS
+    )
