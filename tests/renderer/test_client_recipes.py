@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from examples import REFERENCE_CHAT, REFERENCE_CHAT_IDS
 from tokenizers import Tokenizer
 
 REFERENCE_TEXT = Path("/work/shared/reference/render-endpoints.txt")
@@ -41,39 +42,6 @@ rendered = requests.post(f"{RENDERER}/v1/chat/completions/render", json=body).js
 send = {**rendered["request"], "prompt_token_ids": rendered["token_ids"]}
 reply = requests.post(f"{WORKER}/v1/chat/completions", json=send).json()"""
 
-CHAT_BODY = {
-    "model": "Qwen3-0.6B",
-    "messages": [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "Name three primary colors."},
-    ],
-    "max_tokens": 24,
-    "temperature": 0,
-}
-CHAT_IDS = [
-    151644,
-    8948,
-    198,
-    2610,
-    525,
-    50537,
-    13,
-    151645,
-    198,
-    151644,
-    872,
-    198,
-    675,
-    2326,
-    6028,
-    7987,
-    13,
-    151645,
-    198,
-    151644,
-    77091,
-    198,
-]
 
 needs_jq = pytest.mark.skipif(
     shutil.which("jq") is None or shutil.which("curl") is None, reason="the shell recipes need jq and curl"
@@ -185,25 +153,29 @@ def test_completions_shell_recipe_with_id_prompts(
 @needs_jq
 def test_chat_shell_recipe(qwen3_renderer: Any, worker: RecordingWorker, tmp_path: Path) -> None:
     out = run_recipe(
-        CHAT_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=CHAT_BODY
+        CHAT_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=REFERENCE_CHAT
     )
     assert out == "{}"
-    assert worker.received == [("/v1/chat/completions", {**CHAT_BODY, "prompt_token_ids": CHAT_IDS})]
+    assert worker.received == [
+        ("/v1/chat/completions", {**REFERENCE_CHAT, "prompt_token_ids": REFERENCE_CHAT_IDS})
+    ]
 
 
 @needs_jq
 def test_chat_shell_recipe_with_thinking_off(
     qwen3_renderer: Any, worker: RecordingWorker, tmp_path: Path
 ) -> None:
-    request = {**CHAT_BODY, "chat_template_kwargs": {"enable_thinking": False}, "cache_salt": "abc"}
+    request = {**REFERENCE_CHAT, "chat_template_kwargs": {"enable_thinking": False}, "cache_salt": "abc"}
     run_recipe(CHAT_RECIPE, renderer=qwen3_renderer.url, worker=worker.url, cwd=tmp_path, request=request)
-    ids = [*CHAT_IDS, 151667, 271, 151668, 271]
+    ids = [*REFERENCE_CHAT_IDS, 151667, 271, 151668, 271]
     assert worker.received == [("/v1/chat/completions", {**request, "prompt_token_ids": ids})]
 
 
 def test_python_recipe(qwen3_renderer: Any, worker: RecordingWorker) -> None:
-    namespace: dict[str, Any] = {"RENDERER": qwen3_renderer.url, "WORKER": worker.url, "body": CHAT_BODY}
+    namespace: dict[str, Any] = {"RENDERER": qwen3_renderer.url, "WORKER": worker.url, "body": REFERENCE_CHAT}
     exec(compile(PYTHON_RECIPE, "render-endpoints.txt", "exec"), namespace)
     assert namespace["reply"] == {}
-    assert namespace["rendered"]["token_ids"] == CHAT_IDS
-    assert worker.received == [("/v1/chat/completions", {**CHAT_BODY, "prompt_token_ids": CHAT_IDS})]
+    assert namespace["rendered"]["token_ids"] == REFERENCE_CHAT_IDS
+    assert worker.received == [
+        ("/v1/chat/completions", {**REFERENCE_CHAT, "prompt_token_ids": REFERENCE_CHAT_IDS})
+    ]

@@ -28,41 +28,11 @@ from typing import Any
 
 import httpx
 import pytest
+from examples import FRANCE_IDS, REFERENCE_CHAT, REFERENCE_CHAT_IDS
 
 TORCH_IMPORTABLE = importlib.util.find_spec("torch") is not None
 ENVIRONMENT = "torch is importable here" if TORCH_IMPORTABLE else "torch is not installed here"
 
-CHAT_BODY = {
-    "messages": [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "Name three primary colors."},
-    ]
-}
-CHAT_IDS = [
-    151644,
-    8948,
-    198,
-    2610,
-    525,
-    50537,
-    13,
-    151645,
-    198,
-    151644,
-    872,
-    198,
-    675,
-    2326,
-    6028,
-    7987,
-    13,
-    151645,
-    198,
-    151644,
-    77091,
-    198,
-]
-FRANCE_IDS = [785, 6722, 315, 9625, 374]
 
 # A sys.meta_path finder that records every real attempt to import torch (or a torch submodule), with the stack
 # that made it, and then lets the import proceed as it would have (it finds nothing itself).
@@ -146,9 +116,9 @@ def _describe(attempts: list[dict[str, str]]) -> str:
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")
 def test_running_renderer_maps_no_torch(qwen3_renderer: Any) -> None:
     url = qwen3_renderer.url
-    chat = httpx.post(f"{url}/v1/chat/completions/render", json={**CHAT_BODY, "model": "Qwen3-0.6B"})
+    chat = httpx.post(f"{url}/v1/chat/completions/render", json={**REFERENCE_CHAT, "model": "Qwen3-0.6B"})
     assert chat.status_code == 200, chat.text
-    assert chat.json()["token_ids"] == CHAT_IDS
+    assert chat.json()["token_ids"] == REFERENCE_CHAT_IDS
     completion = httpx.post(f"{url}/v1/completions/render", json={"prompt": "The capital of France is"})
     assert completion.status_code == 200, completion.text
     assert completion.json()[0]["token_ids"] == FRANCE_IDS
@@ -175,11 +145,13 @@ def test_renderer_process_never_attempts_to_import_torch(
         str(qwen3),
         "--reasoning-parser",
         "qwen3",
+        "--served-model-name",
+        "Qwen3-0.6B",
         env={"PYTHONPATH": os.pathsep.join(python_path), "TOKENFRONT_TEST_TORCH_LOG": str(log)},
     )
-    chat = httpx.post(f"{renderer.url}/v1/chat/completions/render", json=CHAT_BODY)
+    chat = httpx.post(f"{renderer.url}/v1/chat/completions/render", json=REFERENCE_CHAT)
     assert chat.status_code == 200, chat.text
-    assert chat.json()["token_ids"] == CHAT_IDS
+    assert chat.json()["token_ids"] == REFERENCE_CHAT_IDS
     completion = httpx.post(
         f"{renderer.url}/v1/completions/render", json={"prompt": ["The capital of France is"]}
     )
@@ -198,14 +170,14 @@ def test_renderer_process_never_attempts_to_import_torch(
 
 def test_render_pipeline_never_imports_torch(qwen3: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", PIPELINE_SCRIPT, str(qwen3), json.dumps(CHAT_BODY)],
+        [sys.executable, "-c", PIPELINE_SCRIPT, str(qwen3), json.dumps(REFERENCE_CHAT)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["chat"] == CHAT_IDS
+    assert report["chat"] == REFERENCE_CHAT_IDS
     assert report["completion"] == [FRANCE_IDS]
     assert report["attempts"] == [], f"({ENVIRONMENT}) " + _describe(report["attempts"])
     assert report["torch_in_sys_modules"] == [], ENVIRONMENT

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from examples import FRANCE_IDS, REFERENCE_CHAT, REFERENCE_CHAT_IDS, REFERENCE_COMPLETION
 from tokenizers import Tokenizer
 
 CHAT = "/v1/chat/completions/render"
@@ -33,49 +34,6 @@ RENDER_KEYS = [
 ]
 ERROR_KEYS = {"message", "type", "param", "code"}
 
-# The reference text's chat example, and the full ids of its ChatML rendering:
-# "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nName three primary colors.<|im_end|>\n"
-# "<|im_start|>assistant\n"
-REFERENCE_CHAT = {
-    "model": "Qwen3-0.6B",
-    "messages": [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "Name three primary colors."},
-    ],
-    "max_tokens": 24,
-    "temperature": 0,
-}
-REFERENCE_CHAT_IDS = [
-    151644,
-    8948,
-    198,
-    2610,
-    525,
-    50537,
-    13,
-    151645,
-    198,
-    151644,
-    872,
-    198,
-    675,
-    2326,
-    6028,
-    7987,
-    13,
-    151645,
-    198,
-    151644,
-    77091,
-    198,
-]
-REFERENCE_COMPLETION = {
-    "model": "Qwen3-0.6B",
-    "prompt": "The capital of France is",
-    "max_tokens": 8,
-    "temperature": 0,
-}
-FRANCE_IDS = [785, 6722, 315, 9625, 374]
 THINK_START, THINK_END, IM_END = 151667, 151668, 151645
 
 CHAT_ID = re.compile(r"^chatcmpl-[0-9a-f]{32}$")
