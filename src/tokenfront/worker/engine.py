@@ -1,0 +1,125 @@
+"""The engine interface: what the worker's HTTP layer needs from whatever runs the model.
+
+An engine takes prompt ids and sampling parameters and streams generated ids. It knows nothing of text,
+chat templates or HTTP: stop strings, detokenization, parsers and the OpenAI shapes live in the worker's
+service layer. One implementation today (engines/transformers.py); another engine plugs in here.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token, and when to stop on ids.
+
+    `temperature` 0 is greedy. `top_k` -1 is off. `logprobs` None returns none, 0 the chosen token's, k also
+    the k most likely. `stop_token_ids` ends generation when one is produced (it is returned, finish "stop").
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    logprobs: int | None = None
+
+
+class TokenConstraint(Protocol):
+    """Restricts which tokens may come next (a grammar); the engine consults it at every step."""
+
+    def mask_logits(self, logits: Any) -> None:
+        """Set the logits of disallowed tokens to -inf, in place (a 1-D float tensor over the vocabulary)."""
+
+    def accept(self, token_id: int) -> None:
+        """Advance past the token that was chosen."""
+
+    def is_finished(self) -> bool:
+        """Whether the grammar is complete: the engine then ends the sequence with finish reason "stop"."""
+
+
+@dataclass
+class GenerationRequest:
+    """One sequence to generate. `n` > 1 is the service layer's business: it submits n of these."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None = None
+    constraint: TokenConstraint | None = None
+
+
+@dataclass(frozen=True)
+class TokenOutput:
+    """One generated token. `finish_reason` is None until the last: "stop", "length" or "abort"."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class GenerationStream:
+    """The tokens of one request as the engine produces them.
+
+    `cached_tokens` is set once the prompt is prefilled: how many prompt tokens came from the prefix cache.
+    Iterate it for TokenOutputs; `cancel()` (or abandoning it via the engine's `abort`) stops the work.
+    """
+
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int | None = None
+    _outputs: AsyncIterator[TokenOutput] | None = field(default=None, repr=False)
+
+    def __aiter__(self) -> AsyncIterator[TokenOutput]:
+        assert self._outputs is not None, "a stream is iterated once, as the engine made it"
+        outputs, self._outputs = self._outputs, None
+        return outputs
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a worker publishes about its engine on /server_info."""
+
+    name: str
+    tokens_per_block: int
+    kv_cache_hash: str
+    max_batch_size: int
+    kv_cache_max_tokens: int
+    device: str
+
+
+class Engine(abc.ABC):
+    """Runs a model. Thread-safe to call from the event loop; generation happens off the loop."""
+
+    info: EngineInfo
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start the generation loop (called once, inside the server's event loop)."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Finish or abort what is running and stop the loop (graceful shutdown)."""
+
+    @abc.abstractmethod
+    def submit(self, request: GenerationRequest) -> GenerationStream:
+        """Queue a request; its tokens arrive on the returned stream."""
+
+    @abc.abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Stop generating for a request (client gone, stop string found); its stream ends with "abort"."""
+
+    @abc.abstractmethod
+    def kv_events(self, after: int, limit: int = 1000) -> dict[str, Any]:
+        """The KV cache event log after sequence number `after` (see worker/kv_events.py)."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters for /metrics (prefill tokens computed, prompt tokens from cache, ...)."""
+        return {}
