@@ -1,4 +1,4 @@
-"""The `tokenfront` command: `render` (the CPU renderer) and `fixtures` (real checkpoints, offline)."""
+"""The `tokenfront` command: `render` (the CPU renderer), `serve` (the worker) and `fixtures` (real checkpoints)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,88 @@ def _run_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_serve(args: argparse.Namespace) -> int:
+    # The worker runs the model: torch is imported here on purpose (no torch guard, unlike `render`).
+    from tokenfront.core.render import RenderPipeline
+    from tokenfront.server.process import run_server
+    from tokenfront.worker.app import create_worker_app
+    from tokenfront.worker.engines.transformers import TransformersEngine
+
+    options = options_from_args(args)
+    # Built exactly as the renderer builds it, so the fingerprints (and the ids) match.
+    pipeline = RenderPipeline.load(options)
+    model_path = pipeline.checkpoint.model_path
+    if model_path is None:
+        raise TokenfrontError("--model must name a checkpoint folder with weights: the worker runs the model")
+    try:
+        engine = TransformersEngine(
+            model_path,
+            device=args.device,
+            tokens_per_block=args.tokens_per_block,
+            kv_cache_max_tokens=args.kv_cache_max_tokens,
+            max_batch_size=args.max_batch_size,
+        )
+    except (FileNotFoundError, NotImplementedError, ValueError) as exc:
+        raise TokenfrontError(f"cannot load the model: {exc}") from exc
+    log.info(
+        "worker ready: model %s, fingerprint %s, engine %s on %s, %d tokens per block",
+        ", ".join(pipeline.served_model_names),
+        pipeline.fingerprint.digest[:16],
+        engine.info.name,
+        engine.info.device,
+        engine.info.tokens_per_block,
+    )
+    app = create_worker_app(pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument(
+        "--tokens-per-block",
+        type=_positive_int,
+        default=16,
+        help="prefix KV cache block size in tokens, published for routers (default: 16)",
+    )
+    group.add_argument(
+        "--kv-cache-max-tokens",
+        type=_non_negative_int,
+        default=32768,
+        help="tokens the prefix KV cache may hold; least recently used blocks are evicted (0: off; "
+        "default: 32768)",
+    )
+    group.add_argument(
+        "--max-batch-size",
+        type=_positive_int,
+        default=8,
+        help="sequences decoded together at most (default: 8)",
+    )
+    group.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where the model runs (auto: CUDA when present, else CPU)",
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
 def _run_fixtures(args: argparse.Namespace) -> int:
     from tokenfront import fixtures
 
@@ -82,6 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_render_arguments(render)
     _add_server_arguments(render, default_port=8100)
     render.set_defaults(handler=_run_render)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the model: an OpenAI-compatible worker that also accepts rendered token ids",
+        description="Serve POST /v1/chat/completions and /v1/completions (streaming or not; chat accepts "
+        "prompt_token_ids, completions accept id prompts), GET /kv_cache_events, and the common routes. "
+        "The render routes are mounted too when TOKENFRONT_ENABLE_RENDER_ENDPOINTS=1.",
+    )
+    add_render_arguments(serve)
+    _add_server_arguments(serve, default_port=8000)
+    _add_engine_arguments(serve)
+    serve.set_defaults(handler=_run_serve)
 
     from tokenfront import fixtures
 

@@ -1,0 +1,97 @@
+"""The worker app (`tokenfront serve`): the inference routes, the common routes, and optionally render routes.
+
+The worker renders with the same `RenderPipeline` as the standalone renderer (built the same way, from the
+same options), so the fingerprint it publishes matches a renderer's and so do the ids. The render routes are
+mounted only when TOKENFRONT_ENABLE_RENDER_ENDPOINTS=1, as the reference text says of its worker; they are
+the renderer's own routes on this worker's pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from tokenfront.core.render import RenderPipeline
+from tokenfront.renderer.routes import render_router
+from tokenfront.server.app import create_app
+from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
+from tokenfront.worker.engine import Engine
+from tokenfront.worker.routes import worker_router
+from tokenfront.worker.service import WorkerMetrics, WorkerService
+
+log = logging.getLogger(__name__)
+
+ENABLE_RENDER_ENDPOINTS = "TOKENFRONT_ENABLE_RENDER_ENDPOINTS"
+
+
+def render_endpoints_enabled(environ: Any = os.environ) -> bool:
+    """Whether TOKENFRONT_ENABLE_RENDER_ENDPOINTS asks for the render routes ("1", "true", "yes", "on")."""
+    return str(environ.get(ENABLE_RENDER_ENDPOINTS, "")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def create_worker_app(
+    pipeline: RenderPipeline,
+    engine: Engine,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    enable_render_endpoints: bool | None = None,
+) -> FastAPI:
+    """The worker: inference routes on `engine`, common routes, and the render routes when enabled.
+
+    `enable_render_endpoints` None reads TOKENFRONT_ENABLE_RENDER_ENDPOINTS. The engine is started and
+    stopped with the app (its lifespan).
+    """
+
+    def engine_info() -> dict[str, Any]:
+        info = engine.info
+        return {
+            "tokens_per_block": info.tokens_per_block,
+            "kv_cache_hash": info.kv_cache_hash,
+            "max_batch_size": info.max_batch_size,
+            "kv_cache_max_tokens": info.kv_cache_max_tokens,
+            "engine": info.name,
+            "device": info.device,
+            "render_endpoints": enabled,
+        }
+
+    enabled = render_endpoints_enabled() if enable_render_endpoints is None else enable_render_endpoints
+    app = create_app(
+        role="worker",
+        pipeline=pipeline,
+        title="tokenfront worker",
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        server_info=engine_info,
+    )
+    service = WorkerService(pipeline, engine, WorkerMetrics(app.state.metrics, engine))
+    app.state.service = service
+    app.state.engine = engine
+    app.include_router(worker_router())
+    if enabled:
+        app.include_router(render_router())
+    app.router.lifespan_context = _lifespan(service)
+    return app
+
+
+def _lifespan(service: WorkerService) -> Any:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.engine.start()
+        if service.pipeline.tool_call_parser is not None:
+            # Named tool_choice needs the grammar index of the vocabulary: build it now, not on a request.
+            await service.guided()
+        log.info("worker engine started (%s on %s)", service.engine.info.name, service.engine.info.device)
+        try:
+            yield
+        finally:
+            # After uvicorn's graceful shutdown: in-flight requests have finished (or their clients left).
+            await service.engine.stop()
+            log.info("worker engine stopped")
+
+    return lifespan

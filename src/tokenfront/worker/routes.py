@@ -1,0 +1,69 @@
+"""The worker's own routes: the OpenAI inference routes and the KV cache event feed (SPEC §7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.server.errors import APIError
+from tokenfront.worker.service import WorkerService
+
+# One read returns at most this many events; a router pages with `after`.
+MAX_EVENTS_PER_READ = 10_000
+
+
+def worker_router() -> APIRouter:
+    """POST /v1/chat/completions, POST /v1/completions and GET /kv_cache_events, on `app.state.service`."""
+    router = APIRouter(tags=["inference"])
+
+    @router.post(
+        "/v1/chat/completions", summary="Chat completion (messages, or prompt_token_ids with messages)"
+    )
+    async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
+        service: WorkerService = raw.app.state.service
+        return await service.chat(request, raw)
+
+    @router.post("/v1/completions", summary="Text completion (text or token-id prompts)")
+    async def completions(request: CompletionRequest, raw: Request) -> Response:
+        service: WorkerService = raw.app.state.service
+        return await service.completion(request, raw)
+
+    @router.get(
+        "/kv_cache_events",
+        tags=["kv cache"],
+        summary="The prefix cache's stored/removed block events after sequence number `after`",
+    )
+    async def kv_cache_events(
+        raw: Request,
+        after: str | None = Query(
+            None, description="return events with a sequence number above this (default 0)"
+        ),
+        limit: str | None = Query(
+            None, description=f"at most this many events (default 1000, max {MAX_EVENTS_PER_READ})"
+        ),
+    ) -> dict[str, Any]:
+        service: WorkerService = raw.app.state.service
+        # Parsed here rather than typed as int, so that a bad value gets a message naming what is expected.
+        after_seq = _non_negative_int(after, "after", default=0)
+        count = _non_negative_int(limit, "limit", default=1000)
+        result: dict[str, Any] = service.engine.kv_events(after_seq, min(count, MAX_EVENTS_PER_READ))
+        return result
+
+    return router
+
+
+def _non_negative_int(value: str | None, name: str, *, default: int) -> int:
+    """A query parameter as a non-negative integer, or a 400 saying what is expected."""
+    if value is None:
+        return default
+    if not value.strip().isdigit():  # also refuses "-1", "1.5", "" and "0x10"
+        raise APIError(
+            400,
+            f"query parameter `{name}` must be a non-negative integer (a sequence number or a count), "
+            f"got {value!r}",
+            param=name,
+        )
+    return int(value)
