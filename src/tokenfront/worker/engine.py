@@ -54,9 +54,16 @@ class GenerationRequest:
     constraint: TokenConstraint | None = None
 
 
+# The token id of an output that carries no token: the last output of an aborted sequence.
+NO_TOKEN = -1
+
+
 @dataclass(frozen=True)
 class TokenOutput:
-    """One generated token. `finish_reason` is None until the last: "stop", "length" or "abort"."""
+    """One generated token. `finish_reason` is None until the last: "stop", "length" or "abort".
+
+    An aborted sequence ends with an output whose `token_id` is NO_TOKEN.
+    """
 
     token_id: int
     logprob: float | None = None
@@ -99,6 +106,8 @@ class Engine(abc.ABC):
     """Runs a model. Thread-safe to call from the event loop; generation happens off the loop."""
 
     info: EngineInfo
+    vocab_size: int  # the model's logits width; prompt ids must be below it
+    max_context: int | None  # prompt plus generated tokens may not reach it (None: unknown)
 
     @abc.abstractmethod
     async def start(self) -> None:

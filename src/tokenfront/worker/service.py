@@ -39,7 +39,7 @@ from tokenfront.core.tool_calls import ToolCallParser
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.server.app import ServerMetrics
 from tokenfront.server.errors import APIError, error_body, model_not_found
-from tokenfront.worker.engine import Engine, GenerationRequest, SamplingParams, TokenOutput
+from tokenfront.worker.engine import NO_TOKEN, Engine, GenerationRequest, SamplingParams, TokenOutput
 from tokenfront.worker.streaming import (
     SSE_DONE,
     ChoiceText,
@@ -255,7 +255,7 @@ class ChoiceRun:
         try:
             async for output in outputs:
                 self.cached_tokens = stream.cached_tokens or 0
-                if output.token_id >= 0:  # an abort output carries no token
+                if output.token_id != NO_TOKEN:  # an abort output carries no token
                     self.tokens.append(output)
                     pending.append(output)
                     delta.extend(self.text.push(output.token_id))

@@ -66,6 +66,7 @@ from transformers.cache_utils import DynamicLayer
 
 from tokenfront.core.kv_blocks import KV_CACHE_HASH
 from tokenfront.worker.engine import (
+    NO_TOKEN,
     Engine,
     EngineInfo,
     GenerationRequest,
@@ -79,7 +80,6 @@ from tokenfront.worker.kv_events import DEFAULT_MAX_EVENTS, KvEventLog
 log = logging.getLogger(__name__)
 
 # The token id of an output that carries no token (the final output of an aborted request).
-NO_TOKEN = -1
 
 # Temperatures below this are greedy, as in vLLM.
 _GREEDY_EPS = 1e-5
