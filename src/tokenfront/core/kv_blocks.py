@@ -25,7 +25,8 @@ def root_hash(cache_salt: str | None) -> bytes:
     return hashlib.sha256(_ROOT + b"|salt|" + cache_salt.encode("utf-8")).digest()
 
 
-def _block_digest(parent: bytes, token_ids: Sequence[int]) -> bytes:
+def block_digest(parent: bytes, token_ids: Sequence[int]) -> bytes:
+    """One step of the chain: the full digest of a block from its parent's full digest and its own ids."""
     return hashlib.sha256(parent + struct.pack(f"<{len(token_ids)}I", *token_ids)).digest()
 
 
@@ -41,6 +42,6 @@ def block_hashes(token_ids: Sequence[int], tokens_per_block: int, cache_salt: st
     hashes = []
     parent = root_hash(cache_salt)
     for start in range(0, len(token_ids) - tokens_per_block + 1, tokens_per_block):
-        parent = _block_digest(parent, token_ids[start : start + tokens_per_block])
+        parent = block_digest(parent, token_ids[start : start + tokens_per_block])
         hashes.append(as_int(parent))
     return hashes

@@ -1,0 +1,98 @@
+"""The shared interface of routing policies: what a policy sees of the workers and of a request, and answers.
+
+A policy picks one worker for a request (``select``) and may learn from the outcome (``on_routed`` once the
+request is sent, ``on_complete`` when it finished). Everything else — health, membership, counting active
+requests, forwarding — belongs to the router around it, so a policy is a small, testable piece of logic.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from tokenfront.router.kv_index import KvIndex
+
+
+@dataclass
+class WorkerLoad:
+    """The router's live view of one worker (owned and updated by the membership code)."""
+
+    url: str
+    active_requests: int = 0
+    tokens_per_block: int | None = None  # from the worker's /server_info; None for non-tokenfront workers
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What a policy may know of a request: its rendered prompt ids and cache salt."""
+
+    token_ids: list[int] | None  # the rendered prompt (None when rendering failed or was impossible)
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Everything a policy may be built from; each policy takes what it needs (see ``Policy.from_config``)."""
+
+    kv_index: KvIndex
+    load_weight: float = 1.0
+    default_tokens_per_block: int = 16
+
+
+class Policy(abc.ABC):
+    """A routing policy. Implementations are thread-safe: the router may select from several threads."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def from_config(cls, config: PolicyConfig) -> Self:
+        """Build the policy from the router's configuration (policies without settings ignore it)."""
+        return cls()
+
+    @abc.abstractmethod
+    def select(self, candidates: Sequence[WorkerLoad], request: RouteRequest) -> WorkerLoad:
+        """Pick one of ``candidates`` (never empty: the caller checks) for ``request``."""
+
+    def on_routed(self, worker: WorkerLoad, request: RouteRequest) -> None:  # noqa: B027 - optional hook
+        """``request`` was sent to ``worker``."""
+
+    def on_complete(self, worker: WorkerLoad, request: RouteRequest, ok: bool) -> None:  # noqa: B027
+        """``request`` finished on ``worker`` (``ok`` False: it failed)."""
+
+    def explain(self) -> dict[str, Any]:
+        """The last decision's inputs and scores, for logs and debugging ({} when there is nothing to say)."""
+        return {}
+
+
+class FairChooser:
+    """Breaks ties fairly: among equally good workers, the one chosen least recently (never chosen first).
+
+    Deterministic, unlike a random pick, and exact: n workers that always tie are chosen in turn. Every
+    choice is remembered, tied or not, so a worker that just won on merit yields the next tie.
+    """
+
+    # Workers come and go (new urls): past this size, forget the ones that are not candidates any more.
+    MAX_REMEMBERED: ClassVar[int] = 1024
+
+    def __init__(self) -> None:
+        self._last_chosen: dict[str, int] = {}
+        self._clock = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def choose(self, tied: Sequence[WorkerLoad], candidates: Sequence[WorkerLoad] = ()) -> WorkerLoad:
+        """Pick from ``tied`` (non-empty, in candidate order) and remember the choice."""
+        with self._lock:
+            # min() keeps the first of equals, so never-chosen workers go in candidate order.
+            chosen = min(tied, key=lambda worker: self._last_chosen.get(worker.url, 0))
+            self._last_chosen[chosen.url] = next(self._clock)
+            if len(self._last_chosen) > self.MAX_REMEMBERED:
+                keep = {worker.url for worker in (*candidates, *tied)}
+                self._last_chosen = {url: t for url, t in self._last_chosen.items() if url in keep}
+            return chosen
