@@ -6,7 +6,7 @@ CACHE ?= $(HOME)/.cache/tokenfront
 PORT ?= 8000
 RENDER_PORT ?= 8100
 
-.PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-prefill clean
+.PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-prefill bench-routing clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,9 @@ bench: install-test
 
 bench-prefill: install-test
 	$(BIN)/python -m benchmarks.prefill
+
+bench-routing: install-test
+	$(BIN)/python -m benchmarks.routing
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

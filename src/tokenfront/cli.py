@@ -1,4 +1,5 @@
-"""The `tokenfront` command: `render` (the CPU renderer), `serve` (the worker) and `fixtures` (real checkpoints)."""
+"""The `tokenfront` command: `render` (the CPU renderer), `serve` (the worker), `route` (the router) and
+`fixtures` (real checkpoints)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,155 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_route(args: argparse.Namespace) -> int:
+    from tokenfront.core.torch_guard import hide_torch
+
+    hide_torch()  # the router renders like the renderer: keep torch out even where it is installed
+    from tokenfront.core.render import RenderPipeline
+    from tokenfront.router.app import RouterSettings, create_router_app
+    from tokenfront.router.workers import PoolSettings
+    from tokenfront.server.process import run_server
+
+    # The router polls every worker's /health, /server_info and KV events: httpx's per-request INFO lines
+    # would drown the log.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    options = options_from_args(args)
+    # Without --model (and --tokenizer) there is nothing to render with: the router routes by load only.
+    pipeline = RenderPipeline.load(options) if args.model or args.tokenizer else None
+    settings = RouterSettings(
+        workers=args.worker,
+        policy=args.policy,
+        load_weight=args.load_weight,
+        default_tokens_per_block=args.tokens_per_block,
+        served_model_names=tuple(args.served_model_name or ()),
+        pool=PoolSettings(
+            health_interval=args.health_interval,
+            health_timeout=args.health_timeout,
+            kv_events_interval=args.kv_events_interval,
+            connect_timeout=args.connect_timeout,
+            request_timeout=args.request_timeout,
+            max_connections=args.max_connections_per_worker,
+            api_key=args.worker_api_key,
+        ),
+    )
+    if pipeline is not None:
+        log.info(
+            "router rendering with model %s, fingerprint %s; policy %s",
+            ", ".join(pipeline.served_model_names),
+            pipeline.fingerprint.digest[:16],
+            args.policy,
+        )
+    else:
+        log.info(
+            "router without a model: it routes by load only and never forwards ids; policy %s", args.policy
+        )
+    app = create_router_app(pipeline, settings, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def _worker_spec(text: str) -> object:
+    from tokenfront.router.workers import WorkerSpec
+
+    try:
+        return WorkerSpec.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if not value >= 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("routing")
+    group.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        type=_worker_spec,
+        metavar="URL[,kv-events=ENDPOINT[,kv-replay=ENDPOINT]]",
+        help="a worker's base URL (repeat for each); `,kv-events=tcp://HOST:PORT` subscribes to a vLLM "
+        "worker's ZMQ KV events. More can be added at runtime with POST /workers",
+    )
+    group.add_argument(
+        "--policy",
+        choices=["kv_cache_aware", "load_balancing", "round_robin"],
+        default="kv_cache_aware",
+        help="how a worker is chosen (default: kv_cache_aware: the longest cached prefix, minus a load "
+        "penalty)",
+    )
+    group.add_argument(
+        "--load-weight",
+        type=_non_negative_float,
+        default=1.0,
+        help="kv_cache_aware: cached prefix blocks one active request is worth (default: 1.0)",
+    )
+    group.add_argument(
+        "--tokens-per-block",
+        type=_positive_int,
+        default=16,
+        help="KV block size assumed for workers that do not publish theirs (default: 16)",
+    )
+    group.add_argument(
+        "--health-interval",
+        type=_positive_float,
+        default=2.0,
+        help="seconds between checks of each worker's /health and /server_info (default: 2)",
+    )
+    group.add_argument(
+        "--health-timeout",
+        type=_positive_float,
+        default=5.0,
+        help="seconds a health or /server_info check may take before the worker counts as failing (default: 5)",
+    )
+    group.add_argument(
+        "--kv-events-interval",
+        type=_positive_float,
+        default=0.5,
+        help="seconds between reads of tokenfront workers' /kv_cache_events (default: 0.5)",
+    )
+    group.add_argument(
+        "--connect-timeout",
+        type=_positive_float,
+        default=5.0,
+        help="seconds to connect to a worker before trying another (default: 5)",
+    )
+    group.add_argument(
+        "--request-timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds a worker may take to answer (or between two chunks of a stream) (default: 600)",
+    )
+    group.add_argument(
+        "--max-connections-per-worker",
+        type=_positive_int,
+        default=256,
+        help="pooled connections to each worker at most (default: 256)",
+    )
+    group.add_argument(
+        "--worker-api-key",
+        default=os.environ.get("TOKENFRONT_WORKER_API_KEY"),
+        help="sent to workers as `Authorization: Bearer KEY` (default: $TOKENFRONT_WORKER_API_KEY)",
+    )
+
+
 def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument(
@@ -176,6 +326,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_arguments(serve, default_port=8000)
     _add_engine_arguments(serve)
     serve.set_defaults(handler=_run_serve)
+
+    route = commands.add_parser(
+        "route",
+        help="an OpenAI-compatible proxy in front of workers: KV-cache-aware routing, ids forwarded when safe",
+        description="Proxy POST /v1/chat/completions and /v1/completions (streams pass through unbuffered) "
+        "to workers chosen by --policy, forwarding the rendered ids only when every active worker's rendering "
+        "fingerprint matches the router's. Also serves the render routes, GET/POST/DELETE /workers, and the "
+        "common routes. --model is optional: without it the router never forwards ids (with --tokenizer it "
+        "still routes by them, with neither by load only).",
+    )
+    add_render_arguments(route, model_required=False)
+    _add_server_arguments(route, default_port=8080)
+    _add_router_arguments(route)
+    route.set_defaults(handler=_run_route)
 
     from tokenfront import fixtures
 

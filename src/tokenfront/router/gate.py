@@ -1,0 +1,153 @@
+"""The forwarding gate (SPEC §8): may the router send its rendered ids to the workers?
+
+Ids go to workers only when every active worker reports a rendering fingerprint that matches the router's;
+otherwise each worker renders the original request itself and the router's ids only choose the worker.
+`ForwardingGate.evaluate` decides from the router's fingerprint and what the active workers report, and logs
+one warning naming each worker (or the router itself) that blocks forwarding and why — again only when that
+set or a reason changes, and once at INFO when forwarding resumes.
+
+Some requests are never forwarded whatever the fingerprints say (`never_forward_reason`): a named
+`tool_choice` (the worker appends a forced-call prefix when it renders), a model family whose usage count
+needs the prompt text (`kimi_k3`), and a prompt that carries a reasoning mode when a worker's reasoning
+parser reads that mode from the prompt text. Those are per request, logged at DEBUG only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from tokenfront.core.fingerprint import Fingerprint
+from tokenfront.core.reasoning import ReasoningParser, prompt_carries_reasoning_mode
+from tokenfront.router.workers import WorkerReport
+
+log = logging.getLogger(__name__)
+
+NO_MODEL_PATH = "router started without a model path (renders as a generic text model)"
+NO_TOKENIZER = "router started without a model path or tokenizer (it cannot render: it routes by load only)"
+
+
+@dataclass(frozen=True)
+class GateState:
+    """The gate's decision: forward or not, and who blocks it for what reasons."""
+
+    forwarding: bool
+    router_reasons: tuple[str, ...] = ()
+    blocking: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def key(self) -> tuple[object, ...]:
+        """What a change is measured on: the router's reasons and each blocking worker's reasons."""
+        return (self.router_reasons, tuple(sorted(self.blocking.items())))
+
+    def describe(self) -> str:
+        """`router reason; URL: reason, reason; ...` for the log (router reasons name the router)."""
+        parts = list(self.router_reasons)
+        parts += [f"{url}: {', '.join(reasons)}" for url, reasons in sorted(self.blocking.items())]
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, object]:
+        """The published form (on `/server_info` and `GET /workers`)."""
+        return {
+            "forwarding": self.forwarding,
+            "router_reasons": list(self.router_reasons),
+            "blocking_workers": {url: list(reasons) for url, reasons in sorted(self.blocking.items())},
+        }
+
+
+def router_reasons(fingerprint: Fingerprint | None, *, has_model_path: bool) -> tuple[str, ...]:
+    """Why the router itself cannot forward, whatever its workers report (empty when it can)."""
+    if fingerprint is None:
+        return (NO_TOKENIZER,)
+    reasons = []
+    if not has_model_path:
+        reasons.append(NO_MODEL_PATH)
+    if not fingerprint.complete:
+        reasons.append(
+            "the router's tokenizer is not fully identified: " + "; ".join(fingerprint.incomplete_reasons)
+        )
+    return tuple(reasons)
+
+
+class ForwardingGate:
+    """Decides whether rendered ids may be forwarded, and logs each change of that decision once."""
+
+    def __init__(self, fingerprint: Fingerprint | None, *, has_model_path: bool) -> None:
+        self.fingerprint = fingerprint
+        self._router_reasons = router_reasons(fingerprint, has_model_path=has_model_path)
+        # Compared as if complete: the router's own incompleteness is a router reason, said once, not once
+        # more in every worker's reasons.
+        self._comparable = (
+            dataclasses.replace(fingerprint, complete=True) if fingerprint is not None else None
+        )
+        self.state = GateState(forwarding=False, router_reasons=self._router_reasons)
+        self._logged: tuple[object, ...] | None = None
+
+    def worker_reasons(self, report: WorkerReport | None) -> tuple[str, ...]:
+        """Why ids rendered by the router may not be what this worker renders (empty: it matches)."""
+        if report is None or report.fingerprint is None:
+            missing = report.missing if report is not None else "not checked yet"
+            return (f"no fingerprint ({missing})",)
+        if self._comparable is None:
+            return ()  # nothing to compare against: the router's own reason says it all
+        return tuple(self._comparable.compare(report.fingerprint, other_name="worker"))
+
+    def evaluate(self, reports: Mapping[str, WorkerReport | None]) -> GateState:
+        """Decide for the active workers' reports (URL -> report), and log when the decision changed."""
+        blocking = {
+            url: reasons for url, report in reports.items() if (reasons := self.worker_reasons(report))
+        }
+        state = GateState(
+            forwarding=not self._router_reasons and not blocking,
+            router_reasons=self._router_reasons,
+            blocking=blocking,
+        )
+        self._log_change(state)
+        self.state = state
+        return state
+
+    def _log_change(self, state: GateState) -> None:
+        key = state.key()
+        if key == self._logged:
+            return
+        first = self._logged is None
+        self._logged = key
+        if not state.forwarding:
+            log.warning(
+                "not forwarding token ids: workers render each request themselves and the router's ids only "
+                "choose the worker. Blocked by %s",
+                state.describe(),
+            )
+        elif not first:
+            log.info(
+                "forwarding token ids again: every active worker matches the router's rendering fingerprint"
+            )
+
+
+def never_forward_reason(
+    *,
+    named_tool_choice: bool,
+    family_never_forwards: bool,
+    family: str,
+    prompt_text: str | None,
+    prompt_mode_parsers: Iterable[ReasoningParser],
+) -> str | None:
+    """Why this one request must go to the worker as sent, whatever the fingerprints say (None: it need not).
+
+    The answer is a short label, used in the debug log and as the `reason` of the router's metrics.
+    """
+    if named_tool_choice:
+        log.debug("not forwarding ids: a named tool_choice needs the worker's own forced-call prefix")
+        return "named_tool_choice"
+    if family_never_forwards:
+        log.debug("not forwarding ids: %s models count usage from the prompt text", family)
+        return "model_family"
+    if prompt_text is not None:
+        for parser in prompt_mode_parsers:
+            if prompt_carries_reasoning_mode(parser, prompt_text):
+                log.debug(
+                    "not forwarding ids: the prompt carries a reasoning mode that %s reads", parser.name
+                )
+                return "reasoning_mode"
+    return None

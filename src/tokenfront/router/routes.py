@@ -1,0 +1,173 @@
+"""The router's HTTP routes: the proxied OpenAI routes, `/server_info` and `/v1/models`, and `/workers`.
+
+The render routes are the renderer's own (`renderer.routes.render_router`), mounted by the app when the
+router has something to render with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from tokenfront import __version__
+from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.router.proxy import Proxy
+from tokenfront.router.workers import WorkerPool, WorkerSpec, normalize_url
+from tokenfront.server.app import SCHEMA_VERSION
+from tokenfront.server.errors import APIError
+
+
+def inference_router() -> APIRouter:
+    """POST /v1/chat/completions and POST /v1/completions, proxied to a worker."""
+    router = APIRouter(tags=["inference"])
+
+    @router.post("/v1/chat/completions", summary="Chat completion, routed to a worker")
+    async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
+        proxy: Proxy = raw.app.state.proxy
+        plan = proxy.plan_chat(request, await raw.body())
+        return await proxy.send_watching(plan, raw)
+
+    @router.post("/v1/completions", summary="Text completion, routed to a worker")
+    async def completions(request: CompletionRequest, raw: Request) -> Response:
+        proxy: Proxy = raw.app.state.proxy
+        plan = proxy.plan_completion(request, await raw.body())
+        return await proxy.send_watching(plan, raw)
+
+    return router
+
+
+def info_router() -> APIRouter:
+    """The router's `/server_info` (role `router`, policy, gate, workers) and `/v1/models`."""
+    router = APIRouter(tags=["common"])
+
+    @router.get("/server_info")
+    async def server_info(raw: Request) -> dict[str, Any]:
+        state = raw.app.state
+        proxy: Proxy = state.proxy
+        pipeline = proxy.pipeline
+        names = served_model_names(proxy, state.pool)
+        return {
+            "role": "router",
+            "version": __version__,
+            "model": names[0] if names else None,
+            "served_model_names": names,
+            "schema_version": SCHEMA_VERSION,
+            "render_fingerprint": pipeline.fingerprint.to_json() if pipeline else None,
+            "reasoning_parser": pipeline.options.reasoning_parser if pipeline else None,
+            "tool_call_parser": pipeline.options.tool_call_parser if pipeline else None,
+            "policy": state.policy_name,
+            "policy_state": proxy.policy.explain(),
+            "gate": proxy.gate.state.to_json(),
+            "workers": [worker.describe() for worker in state.pool.workers.values()],
+            "kv_index": state.kv_index.stats(),
+        }
+
+    @router.get("/v1/models")
+    async def list_models(raw: Request) -> dict[str, Any]:
+        created = int(raw.app.state.started)
+        names = served_model_names(raw.app.state.proxy, raw.app.state.pool)
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": created, "owned_by": "tokenfront", "root": name}
+                for name in names
+            ],
+        }
+
+    return router
+
+
+def served_model_names(proxy: Proxy, pool: WorkerPool) -> list[str]:
+    """The router's own names; a router that was given none serves whatever its active workers report."""
+    if proxy.pipeline is not None:
+        return list(proxy.pipeline.served_model_names)
+    if proxy.served_model_names:
+        return list(proxy.served_model_names)
+    return sorted({w.report.model for w in pool.active() if w.report and w.report.model})
+
+
+class AddWorker(BaseModel):
+    """`POST /workers` body."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    url: str
+    kv_events: str | None = None  # a vLLM worker's ZMQ KV event publisher, tcp://HOST:PORT
+    kv_replay: str | None = None  # and its replay endpoint
+
+
+def workers_router() -> APIRouter:
+    """The admin API: GET /workers, POST /workers {"url", "kv_events"?, "kv_replay"?}, DELETE /workers?url=URL."""
+    router = APIRouter(tags=["admin"])
+
+    @router.get("/workers", summary="The workers, their health, fingerprint match and gate reasons")
+    async def list_workers(raw: Request) -> dict[str, Any]:
+        return workers_view(raw)
+
+    @router.post("/workers", status_code=201, summary="Add a worker (checked once before answering)")
+    async def add_worker(body: AddWorker, raw: Request) -> JSONResponse:
+        pool: WorkerPool = raw.app.state.pool
+        try:
+            spec = WorkerSpec(normalize_url(body.url), body.kv_events, body.kv_replay)
+            if spec.kv_replay and not spec.kv_events:
+                raise ValueError("kv_replay needs kv_events too")
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="url") from exc
+        if spec.url in pool.workers:
+            raise APIError(
+                409, f"worker {spec.url} is already in the pool", param="url", code="worker_exists"
+            )
+        worker = await pool.add(spec)
+        return JSONResponse(worker_view(raw, worker.url), status_code=201)
+
+    @router.delete("/workers", summary="Remove a worker (its in-flight requests finish)")
+    async def remove_worker(raw: Request, url: str = Query(..., description="the worker's base URL")) -> dict:
+        pool: WorkerPool = raw.app.state.pool
+        key = url.strip().rstrip("/")
+        if key not in pool.workers:
+            raise APIError(404, f"no worker {key} in the pool", param="url", code="worker_not_found")
+        await pool.remove(key)
+        return {"removed": key, **workers_view(raw)}
+
+    return router
+
+
+def worker_view(raw: Request, url: str) -> dict[str, Any]:
+    """One worker as the admin API shows it: its state plus whether it matches and why not."""
+    pool: WorkerPool = raw.app.state.pool
+    proxy: Proxy = raw.app.state.proxy
+    worker = pool.workers[url]
+    reasons = list(proxy.gate.worker_reasons(worker.report)) if worker.checked else []
+    # None: the router has no fingerprint of its own, so there is nothing to match.
+    matches = None if proxy.gate.fingerprint is None else (worker.report is not None and not reasons)
+    return {**worker.describe(), "fingerprint_matches": matches, "gate_reasons": reasons}
+
+
+def workers_view(raw: Request) -> dict[str, Any]:
+    """Every worker, and the gate's decision."""
+    pool: WorkerPool = raw.app.state.pool
+    proxy: Proxy = raw.app.state.proxy
+    return {
+        "workers": [worker_view(raw, url) for url in pool.workers],
+        "gate": proxy.gate.state.to_json(),
+    }
+
+
+def render_unavailable_router() -> APIRouter:
+    """The render routes of a router with no tokenizer: an error that says how to get them."""
+    router = APIRouter(tags=["render"])
+
+    async def unavailable() -> None:
+        raise APIError(
+            501,
+            "this router was started without --model (or --tokenizer), so it cannot render; start it with "
+            "--model, or use a renderer (`tokenfront render`)",
+            code="render_unavailable",
+            error_type="server_error",
+        )
+
+    router.add_api_route("/v1/chat/completions/render", unavailable, methods=["POST"])
+    router.add_api_route("/v1/completions/render", unavailable, methods=["POST"])
+    return router
