@@ -114,6 +114,7 @@ def _run_route(args: argparse.Namespace) -> int:
         workers=args.worker,
         policy=args.policy,
         load_weight=args.load_weight,
+        cache_threshold=args.cache_threshold,
         default_tokens_per_block=args.tokens_per_block,
         served_model_names=tuple(args.served_model_name or ()),
         pool=PoolSettings(
@@ -149,6 +150,13 @@ def _worker_spec(text: str) -> object:
         return WorkerSpec.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return value
 
 
 def _non_negative_float(text: str) -> float:
@@ -194,6 +202,13 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         type=_non_negative_float,
         default=1.0,
         help="kv_cache_aware: cached prefix blocks one active request is worth (default: 1.0)",
+    )
+    group.add_argument(
+        "--cache-threshold",
+        type=_fraction,
+        default=0.5,
+        help="kv_cache_aware: the share of a prompt a worker must hold for the cache to count; below it "
+        "the least loaded worker is chosen (default: 0.5)",
     )
     group.add_argument(
         "--tokens-per-block",

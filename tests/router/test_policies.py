@@ -194,3 +194,39 @@ def test_hooks_have_safe_defaults() -> None:
     policy.on_routed(worker, RouteRequest(None))
     policy.on_complete(worker, RouteRequest(None), ok=False)
     assert build_policy("kv_cache_aware", kv_index=KvIndex()).explain() == {}
+
+
+def test_kv_cache_aware_spreads_new_conversations_that_share_only_the_opening() -> None:
+    """A shared template opening (a block of a 40-token prompt) is no reason to pile every new
+    conversation onto one worker: below the cache threshold, load and fair turns decide, even when idle."""
+    index = KvIndex()
+    policy = build_policy("kv_cache_aware", kv_index=index)
+    pool = workers(0, 0, 0)
+    opening = ids(4, start=9000)
+    chosen = []
+    for conversation in range(6):
+        prompt = opening + ids(36, start=100 * conversation)
+        worker = policy.select(pool, RouteRequest(prompt))
+        policy.on_routed(worker, RouteRequest(prompt))
+        chosen.append(worker.url)
+        assert policy.explain()["affinity"] is False
+    assert Counter(chosen) == {"http://w0": 2, "http://w1": 2, "http://w2": 2}
+
+
+def test_kv_cache_aware_keeps_a_growing_conversation_above_the_threshold() -> None:
+    index = KvIndex()
+    policy = build_policy("kv_cache_aware", kv_index=index, cache_threshold=0.5)
+    pool = workers(0, 0, 0)
+    turn = ids(24)
+    first = policy.select(pool, RouteRequest(turn))
+    policy.on_routed(first, RouteRequest(turn))
+    for more in (8, 16, 24):  # each turn keeps the earlier prompt as its prefix
+        turn = turn + ids(more, start=1000 + len(turn))
+        worker = policy.select(pool, RouteRequest(turn))
+        assert worker.url == first.url and policy.explain()["affinity"] is True
+        policy.on_routed(worker, RouteRequest(turn))
+
+
+def test_cache_threshold_is_validated() -> None:
+    with pytest.raises(ValueError, match="cache_threshold"):
+        build_policy("kv_cache_aware", kv_index=KvIndex(), cache_threshold=1.5)

@@ -48,6 +48,7 @@ class RouterSettings:
     policy: str = "kv_cache_aware"
     load_weight: float = 1.0
     default_tokens_per_block: int = 16
+    cache_threshold: float = 0.5
     served_model_names: Sequence[str] = ()
     pool: PoolSettings = field(default_factory=PoolSettings)
 
@@ -79,6 +80,7 @@ def create_router_app(
         kv_index=kv_index,
         load_weight=settings.load_weight,
         default_tokens_per_block=settings.default_tokens_per_block,
+        cache_threshold=settings.cache_threshold,
     )
     has_model_path = pipeline is not None and pipeline.checkpoint.model_path is not None
     gate = ForwardingGate(pipeline.fingerprint if pipeline else None, has_model_path=has_model_path)

@@ -21,7 +21,12 @@ DEFAULT_POLICY = KvCacheAwarePolicy.name
 
 
 def build_policy(
-    name: str, *, kv_index: KvIndex, load_weight: float = 1.0, default_tokens_per_block: int = 16
+    name: str,
+    *,
+    kv_index: KvIndex,
+    load_weight: float = 1.0,
+    default_tokens_per_block: int = 16,
+    cache_threshold: float = 0.5,
 ) -> Policy:
     """Build the policy called ``name``; ``ValueError`` naming the known policies when there is none."""
     policy_class = POLICIES.get(name)
@@ -29,7 +34,10 @@ def build_policy(
         known = ", ".join(sorted(POLICIES))
         raise ValueError(f"unknown routing policy {name!r}: choose one of {known}")
     config = PolicyConfig(
-        kv_index=kv_index, load_weight=load_weight, default_tokens_per_block=default_tokens_per_block
+        kv_index=kv_index,
+        load_weight=load_weight,
+        default_tokens_per_block=default_tokens_per_block,
+        cache_threshold=cache_threshold,
     )
     return policy_class.from_config(config)
 

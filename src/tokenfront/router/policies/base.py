@@ -44,6 +44,7 @@ class PolicyConfig:
     kv_index: KvIndex
     load_weight: float = 1.0
     default_tokens_per_block: int = 16
+    cache_threshold: float = 0.5
 
 
 class Policy(abc.ABC):

@@ -18,6 +18,11 @@ worker under moderate imbalance, while a chance match of a block or two never pi
 worker. Raise it when answers are long compared with prompts (decode time dominates, balance matters
 more); lower it for long prompts with short answers (prefill dominates, cache hits matter more).
 
+Affinity needs a real share of the prompt: when the best worker holds less than ``cache_threshold`` of the
+prompt's tokens (default 0.5, SGLang's rule), cached blocks are ignored and the choice is by load alone
+(ties in turn). Otherwise every new conversation would follow the first worker that cached the template's
+shared opening (a default system prompt is a block or two), and sequential traffic would never spread.
+
 Once a request is sent, ``on_routed`` records its blocks as held by that worker, so the next request with
 the same prefix follows it even before the worker's events confirm it.
 """
@@ -41,10 +46,18 @@ class KvCacheAwarePolicy(Policy):
     name = "kv_cache_aware"
 
     def __init__(
-        self, kv_index: KvIndex, *, load_weight: float = 1.0, default_tokens_per_block: int = 16
+        self,
+        kv_index: KvIndex,
+        *,
+        load_weight: float = 1.0,
+        default_tokens_per_block: int = 16,
+        cache_threshold: float = 0.5,
     ) -> None:
         if load_weight < 0:
             raise ValueError("load_weight must not be negative")
+        if not 0 <= cache_threshold <= 1:
+            raise ValueError("cache_threshold must be between 0 and 1")
+        self.cache_threshold = cache_threshold
         if default_tokens_per_block < 1:
             raise ValueError("default_tokens_per_block must be at least 1")
         self.kv_index = kv_index
@@ -61,6 +74,7 @@ class KvCacheAwarePolicy(Policy):
             config.kv_index,
             load_weight=config.load_weight,
             default_tokens_per_block=config.default_tokens_per_block,
+            cache_threshold=config.cache_threshold,
         )
 
     def select(self, candidates: Sequence[WorkerLoad], request: RouteRequest) -> WorkerLoad:
@@ -68,11 +82,22 @@ class KvCacheAwarePolicy(Policy):
         unit = min(sizes.values())
         hashed = self._hash(request, set(sizes.values()))
         rows: dict[str, dict[str, Any]] = {}
+        matches = {
+            worker.url: self.kv_index.match_hashes(worker.url, hashed[sizes[worker.url]]) if hashed else 0
+            for worker in candidates
+        }
+        prompt_tokens = len(request.token_ids or ())
+        best_share = (
+            max(matches[w.url] * sizes[w.url] for w in candidates) / prompt_tokens if prompt_tokens else 0.0
+        )
+        # Below the threshold a match is the template's common opening, not this conversation: load decides.
+        affinity = best_share >= self.cache_threshold and best_share > 0
         scores: list[float] = []
         for worker in candidates:
             size = sizes[worker.url]
-            matched = self.kv_index.match_hashes(worker.url, hashed[size]) if hashed else 0
-            score = matched * size / unit - self.load_weight * worker.active_requests
+            matched = matches[worker.url]
+            cached = matched * size / unit if affinity else 0.0
+            score = cached - self.load_weight * worker.active_requests
             scores.append(score)
             rows[worker.url] = {
                 "matched_blocks": matched,
@@ -92,6 +117,9 @@ class KvCacheAwarePolicy(Policy):
             "tied": [worker.url for worker in tied],
             "prompt_tokens": len(request.token_ids) if request.token_ids is not None else None,
             "load_weight": self.load_weight,
+            "cache_threshold": self.cache_threshold,
+            "best_cached_share": best_share,
+            "affinity": affinity,
             "workers": rows,
         }
         return chosen
