@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from tokenfront import __version__
 from tokenfront.core.errors import TokenfrontError
@@ -152,31 +153,26 @@ def _worker_spec(text: str) -> object:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError("must be between 0 and 1")
-    return value
+def _float_between(low: float, high: float = float("inf"), *, low_inclusive: bool = True) -> Any:
+    """An argparse type: a float in [low, high] (or (low, high] when `low_inclusive` is false)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
+        above = value >= low if low_inclusive else value > low
+        if not (above and value <= high):
+            bound = f"at least {low}" if low_inclusive else f"more than {low}"
+            raise argparse.ArgumentTypeError(bound + (f" and at most {high}" if high != float("inf") else ""))
+        return value
+
+    return parse
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
-    if not value >= 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be more than 0")
-    return value
+_non_negative_float = _float_between(0)
+_positive_float = _float_between(0, low_inclusive=False)
+_fraction = _float_between(0, 1)
 
 
 def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
