@@ -52,12 +52,14 @@ class ChatTemplateSource:
     templates: dict[str, str]
     origin: str
 
-    def select(self, *, has_tools: bool) -> str | None:
-        """Pick the template a request uses: `tool_use` when tools are given (even `[]`) and it exists,
+    def name_for(self, *, has_tools: bool) -> str:
+        """The template a request uses: `tool_use` when tools are given (even `[]`) and it exists,
         else `default`."""
-        if has_tools and "tool_use" in self.templates:
-            return self.templates["tool_use"]
-        return self.templates.get("default")
+        return "tool_use" if has_tools and "tool_use" in self.templates else "default"
+
+    def select(self, *, has_tools: bool) -> str | None:
+        """The text of the template `name_for` picks, or None when there is none."""
+        return self.templates.get(self.name_for(has_tools=has_tools))
 
 
 @dataclass

@@ -136,8 +136,6 @@ class RenderPipeline:
         )
 
     def _template_for(self, request: ChatCompletionRequest) -> ChatTemplate:
-        # `tools: []` still picks the tool_use template, as transformers does (it tests `is not None`).
-        has_tools = request.tools is not None
         if request.chat_template is not None:
             if not self.options.allow_request_chat_template:
                 raise RenderError(
@@ -150,15 +148,17 @@ class RenderPipeline:
                 return self._templates[request.chat_template]
             return compile_template(request.chat_template)
         source = self.checkpoint.chat_templates
-        name = "tool_use" if has_tools and "tool_use" in self._templates else "default"
-        if source is None or name not in self._templates:
+        # `tools: []` still picks the tool_use template, as transformers does (it tests `is not None`).
+        name = source.name_for(has_tools=request.tools is not None) if source is not None else ""
+        template = self._templates.get(name)
+        if template is None:
             raise RenderError(
                 "this model has no chat template, so chat requests cannot be rendered; start the server with "
                 "--chat-template, or use /v1/completions",
                 param="messages",
                 code="no_chat_template",
             )
-        return self._templates[name]
+        return template
 
     def _template_kwargs(self, request: ChatCompletionRequest) -> dict[str, Any]:
         given = request.chat_template_kwargs or {}
