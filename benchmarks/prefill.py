@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from tokenfront import fixtures
+from benchmarks import checkpoint_or_tiny
 from tokenfront.worker.engine import GenerationRequest, SamplingParams
 from tokenfront.worker.engines.transformers import TransformersEngine
 
@@ -61,15 +61,6 @@ _WORDS = [
     "replica",
     "fleet",
 ]
-
-
-def _checkpoint(name: str) -> tuple[str, Path]:
-    for candidate in (name, "tiny-random"):
-        try:
-            return candidate, fixtures.ensure_checkpoint(candidate)
-        except fixtures.FixtureError as error:
-            print(f"checkpoint {candidate} unavailable ({error})", file=sys.stderr)
-    raise SystemExit("no checkpoint to benchmark on")
 
 
 def _prompts(folder: Path, length: int, tail: int, rng: random.Random) -> tuple[list[int], list[int]]:
@@ -153,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    name, folder = _checkpoint(args.checkpoint)
+    name, folder = checkpoint_or_tiny(args.checkpoint)
     engine = TransformersEngine(folder, tokens_per_block=args.tokens_per_block)
     results = {"checkpoint": name, "device": engine.info.device, **asyncio.run(_run(engine, folder, args))}
     if args.json:

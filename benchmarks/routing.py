@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from tokenfront import fixtures
+from benchmarks import checkpoint_or_tiny
 
 POLICIES = ("kv_cache_aware", "round_robin")
 _TOPICS = (
@@ -141,15 +141,6 @@ def _wait_healthy(servers: list[Process], timeout: float = 300.0) -> None:
             except httpx.HTTPError:
                 pass
         time.sleep(0.2)
-
-
-def _checkpoint(name: str) -> tuple[str, Path]:
-    for candidate in (name, "tiny-random"):
-        try:
-            return candidate, fixtures.ensure_checkpoint(candidate)
-        except fixtures.FixtureError as error:
-            print(f"checkpoint {candidate} unavailable ({error})", file=sys.stderr)
-    raise SystemExit("no checkpoint to benchmark on")
 
 
 # --- the workload ------------------------------------------------------------------------------------------
@@ -277,7 +268,7 @@ def _warm_up(workers: list[Process]) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the workers, run the workload through a router per policy, and stop everything."""
-    name, folder = _checkpoint(args.checkpoint)
+    name, folder = checkpoint_or_tiny(args.checkpoint)
     log_dir = Path(tempfile.mkdtemp(prefix="tokenfront-routing-"))
     # Several workers share the machine's cores: one torch thread each keeps them from fighting over them.
     worker_env = {"OMP_NUM_THREADS": str(args.worker_threads)}
