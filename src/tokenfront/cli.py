@@ -39,6 +39,9 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
 
 
 def _run_render(args: argparse.Namespace) -> int:
+    from tokenfront.server.process import prepare_workers
+
+    prepare_workers(args.workers)  # first: metrics shared across processes must be set up before import
     from tokenfront.core.torch_guard import hide_torch
 
     hide_torch()  # the renderer never runs a model: keep torch out even where it is installed
@@ -56,7 +59,7 @@ def _run_render(args: argparse.Namespace) -> int:
         pipeline.backend.name,
     )
     app = create_renderer_app(pipeline, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
-    run_server(app, host=args.host, port=args.port, log_level=args.log_level)
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level, workers=args.workers)
     return 0
 
 
@@ -324,6 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_render_arguments(render)
     _add_server_arguments(render, default_port=8100)
+    render.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="processes serving the port, each with its own copy of the pipeline (forked after loading, "
+        "so the copies share memory until written); /metrics sums them all. One process uses one core: "
+        "give a dedicated render host one per core (default: 1)",
+    )
     render.set_defaults(handler=_run_render)
 
     serve = commands.add_parser(

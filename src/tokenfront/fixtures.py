@@ -713,7 +713,7 @@ def _torch_job(argv: list[str]) -> None:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # The weights are dequantised already: drop the marker so the folder is a plain checkpoint.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # transformers types it as a module attribute
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         # The GGUF leaves it unbounded; the model's context, as in the upstream tokenizer_config.

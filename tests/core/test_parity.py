@@ -22,7 +22,7 @@ import reference
 
 from tokenfront import fixtures
 from tokenfront.core.errors import RenderError
-from tokenfront.core.render import RenderPipeline
+from tokenfront.core.render import RenderedPrompt, RenderPipeline
 from tokenfront.core.templates import compile_template
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
@@ -167,9 +167,7 @@ class ParitySweep:
         for case in corpus.CHAT:
             body = case.body if template is None else {**case.body, "chat_template": template}
             expected = reference.reference_chat(folder, case.body, template)
-            got, error = _render(
-                lambda body=body: pipeline.render_chat(ChatCompletionRequest.model_validate(body))
-            )
+            got, error = _render(lambda body=body: _render_as_served(pipeline, body))
             outcome.compared += 1
             if expected.error is None:
                 outcome.reference_renders += 1
@@ -237,6 +235,12 @@ class ParitySweep:
             outcome.equal += 1
         else:
             outcome.failures.append(_diff(case_id, expected.ids, got or [], expected.text, tokenizer))
+
+
+def _render_as_served(pipeline: RenderPipeline, body: dict[str, Any]) -> list[RenderedPrompt]:
+    """Render as the servers do: the JSON body parsed once, validated, and handed over with the model."""
+    parsed = json.loads(json.dumps(body))
+    return [pipeline.render_chat(ChatCompletionRequest.model_validate(parsed), body=parsed)]
 
 
 def _render(call: Callable[[], Any]) -> tuple[Any, BaseException | None]:

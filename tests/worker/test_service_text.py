@@ -21,14 +21,12 @@ from tokenfront.core.tool_calls import get_tool_call_parser
 from tokenfront.worker.engine import TokenOutput
 from tokenfront.worker.service import chat_logprobs, completion_logprobs, usage_prompt_tokens
 from tokenfront.worker.streaming import (
-    SSE_DONE,
     ChoiceText,
     ForcedToolCall,
     IncrementalDetokenizer,
     StopStringMatcher,
     TextDelta,
     ToolCallHold,
-    sse_event,
 )
 
 EOS = 2  # <|im_end|>
@@ -236,13 +234,7 @@ def test_choice_text_tool_call_after_reasoning(tokenizer: Any) -> None:
     ]
 
 
-# --- SSE and logprobs --------------------------------------------------------------------------------------
-
-
-def test_sse_framing() -> None:
-    event = sse_event({"a": "é", "b": [1, 2]})
-    assert event == 'data: {"a":"é","b":[1,2]}\n\n'
-    assert SSE_DONE == "data: [DONE]\n\n"
+# --- logprobs --------------------------------------------------------------------------------------
 
 
 def _token_text(tokenizer: Any) -> Callable[[int], str]:

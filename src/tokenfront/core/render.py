@@ -103,8 +103,15 @@ class RenderPipeline:
 
     # -- chat ------------------------------------------------------------------------------------------------
 
-    def render_chat(self, request: ChatCompletionRequest) -> RenderedPrompt:
-        """Render a chat request into the ids a worker would compute from it."""
+    def render_chat(
+        self, request: ChatCompletionRequest, *, body: dict[str, Any] | None = None
+    ) -> RenderedPrompt:
+        """Render a chat request into the ids a worker would compute from it.
+
+        `body` is the JSON object `request` was validated from, when the caller has it: its `messages`,
+        `tools` and `documents` are then read as sent, saving a dump of the model (validation is strict, so
+        they hold the same values).
+        """
         if request.add_generation_prompt and request.continue_final_message:
             raise RenderError(
                 "continue_final_message leaves the final message open, which conflicts with "
@@ -113,7 +120,8 @@ class RenderPipeline:
             )
         template = self._template_for(request)
         kwargs = self._template_kwargs(request)
-        body = request.model_dump(exclude_unset=True)
+        if body is None:
+            body = request.model_dump(exclude_unset=True)
         messages = normalize_messages(
             body["messages"],
             content_format=template.content_format,

@@ -89,8 +89,71 @@ class _TemplateNamespace(jinja2.utils.Namespace):
             )
 
 
+# Attribute names a plain dict has (methods): `message.items` is the method, `message.role` the key.
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+# str methods that neither format nor reach internals: the sandbox would allow each after its checks.
+_PLAIN_STR_METHODS = frozenset(
+    {
+        "strip",
+        "lstrip",
+        "rstrip",
+        "split",
+        "rsplit",
+        "splitlines",
+        "startswith",
+        "endswith",
+        "lower",
+        "upper",
+        "title",
+        "capitalize",
+        "replace",
+        "find",
+        "rfind",
+        "count",
+        "join",
+        "isspace",
+        "isdigit",
+    }
+)
+
+
+_LOOP_ATTRIBUTES = frozenset(
+    {"index", "index0", "first", "last", "length", "revindex", "revindex0", "depth", "depth0"}
+)
+
+
+class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, with a fast path for what chat templates read most.
+
+    Each fast path returns what the sandbox's full path returns, without its checks where they cannot fail:
+    - `message.role` on a plain dict ends, after the checks, in `message["role"]` (a dict has no attribute
+      `role`): for names that are not dict attributes, go there directly (same value or same undefined);
+    - the listed str methods (safe, and not `format`), `loop.index0` and the like, and `ns.name` on a
+      template namespace (never an underscore name) are returned as the sandbox returns them.
+    Everything else takes the full path.
+    """
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        if (kind is str and attribute in _PLAIN_STR_METHODS) or (
+            kind is jinja2.runtime.LoopContext and attribute in _LOOP_ATTRIBUTES
+        ):
+            return getattr(obj, attribute)
+        if kind is _TemplateNamespace and not attribute.startswith("_"):
+            try:
+                return getattr(obj, attribute)
+            except AttributeError:  # a namespace has no items either
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
 def _make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _ChatTemplateEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson

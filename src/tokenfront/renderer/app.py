@@ -17,7 +17,7 @@ from fastapi import FastAPI  # after the torch guard, on purpose
 
 from tokenfront.core.render import RenderPipeline
 from tokenfront.renderer.routes import render_router
-from tokenfront.server.app import create_app
+from tokenfront.server.app import create_app, pipeline_info
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 
 
@@ -27,10 +27,12 @@ def create_renderer_app(
     """The renderer: the render routes plus the common routes, with role `renderer`."""
     app = create_app(
         role="renderer",
-        pipeline=pipeline,
         title="tokenfront renderer",
+        server_info=lambda: pipeline_info(pipeline),
+        model_names=lambda: pipeline.served_model_names,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
     )
+    app.state.pipeline = pipeline
     app.include_router(render_router())
     return app

@@ -27,17 +27,21 @@ from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies import build_policy
 from tokenfront.router.proxy import Proxy, RouterMetrics
-from tokenfront.router.routes import inference_router, info_router, render_unavailable_router, workers_router
+from tokenfront.router.routes import (
+    inference_router,
+    render_unavailable_router,
+    router_info,
+    served_model_names,
+    workers_router,
+)
 from tokenfront.router.workers import PoolSettings, WorkerPool, WorkerSpec
 from tokenfront.server.app import create_app
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
+from tokenfront.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("kv_cache_aware", "load_balancing", "round_robin")
-# create_app's versions of these read a pipeline's fingerprint and names; the router may have neither, and
-# its /server_info says more (policy, gate, workers).
-_OWN_ROUTES = frozenset({"/server_info", "/v1/models"})
 
 
 @dataclass(frozen=True)
@@ -64,16 +68,6 @@ def create_router_app(
 
     `pipeline` None is a router without a tokenizer: it routes by load only and never forwards ids.
     """
-    app = create_app(
-        role="router",
-        # None only reaches the routes replaced below; the render routes are not mounted without it.
-        pipeline=pipeline,  # type: ignore[arg-type]
-        title="tokenfront router",
-        api_key=api_key,
-        max_body_bytes=max_body_bytes,
-    )
-    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in _OWN_ROUTES]
-    metrics = RouterMetrics(app.state.metrics.registry)
     kv_index = KvIndex()
     policy = build_policy(
         settings.policy,
@@ -85,11 +79,10 @@ def create_router_app(
     has_model_path = pipeline is not None and pipeline.checkpoint.model_path is not None
     gate = ForwardingGate(pipeline.fingerprint if pipeline else None, has_model_path=has_model_path)
     pool = WorkerPool(kv_index, settings.pool)
+    server_metrics = ServerMetrics()
+    metrics = RouterMetrics(server_metrics.registry)
     pool.on_change = lambda: _reevaluate(pool, gate, metrics)
-    app.state.pool = pool
-    app.state.kv_index = kv_index
-    app.state.policy_name = settings.policy
-    app.state.proxy = Proxy(
+    proxy = Proxy(
         pipeline=pipeline,
         pool=pool,
         gate=gate,
@@ -97,7 +90,20 @@ def create_router_app(
         metrics=metrics,
         served_model_names=settings.served_model_names,
     )
-    app.include_router(info_router())
+    app = create_app(
+        role="router",
+        title="tokenfront router",
+        server_info=lambda: router_info(proxy, kv_index, settings.policy),
+        model_names=lambda: served_model_names(proxy),
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        metrics=server_metrics,
+    )
+    app.state.pipeline = pipeline
+    app.state.pool = pool
+    app.state.kv_index = kv_index
+    app.state.policy_name = settings.policy
+    app.state.proxy = proxy
     app.include_router(inference_router())
     app.include_router(workers_router())
     app.include_router(render_router() if pipeline is not None else render_unavailable_router())

@@ -1,4 +1,4 @@
-"""The router's HTTP routes: the proxied OpenAI routes, `/server_info` and `/v1/models`, and `/workers`.
+"""The router's HTTP routes: the proxied OpenAI routes, `/workers`, and what its `/server_info` and `/v1/models` say.
 
 The render routes are the renderer's own (`renderer.routes.render_router`), mounted by the app when the
 router has something to render with.
@@ -12,81 +12,58 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from tokenfront import __version__
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.proxy import Proxy
 from tokenfront.router.workers import WorkerPool, WorkerSpec, normalize_url
-from tokenfront.server.app import SCHEMA_VERSION
 from tokenfront.server.errors import APIError
+from tokenfront.server.lean_routes import LeanRoute, raw_body
 
 
 def inference_router() -> APIRouter:
     """POST /v1/chat/completions and POST /v1/completions, proxied to a worker."""
-    router = APIRouter(tags=["inference"])
+    router = APIRouter(tags=["inference"], route_class=LeanRoute)
 
     @router.post("/v1/chat/completions", summary="Chat completion, routed to a worker")
     async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
         proxy: Proxy = raw.app.state.proxy
-        plan = proxy.plan_chat(request, await raw.body())
+        plan = proxy.plan_chat(request, raw_body(raw))
         return await proxy.send_watching(plan, raw)
 
     @router.post("/v1/completions", summary="Text completion, routed to a worker")
     async def completions(request: CompletionRequest, raw: Request) -> Response:
         proxy: Proxy = raw.app.state.proxy
-        plan = proxy.plan_completion(request, await raw.body())
+        plan = proxy.plan_completion(request, raw_body(raw))
         return await proxy.send_watching(plan, raw)
 
     return router
 
 
-def info_router() -> APIRouter:
-    """The router's `/server_info` (role `router`, policy, gate, workers) and `/v1/models`."""
-    router = APIRouter(tags=["common"])
-
-    @router.get("/server_info")
-    async def server_info(raw: Request) -> dict[str, Any]:
-        state = raw.app.state
-        proxy: Proxy = state.proxy
-        pipeline = proxy.pipeline
-        names = served_model_names(proxy, state.pool)
-        return {
-            "role": "router",
-            "version": __version__,
-            "model": names[0] if names else None,
-            "served_model_names": names,
-            "schema_version": SCHEMA_VERSION,
-            "render_fingerprint": pipeline.fingerprint.to_json() if pipeline else None,
-            "reasoning_parser": pipeline.options.reasoning_parser if pipeline else None,
-            "tool_call_parser": pipeline.options.tool_call_parser if pipeline else None,
-            "policy": state.policy_name,
-            "policy_state": proxy.policy.explain(),
-            "gate": proxy.gate.state.to_json(),
-            "workers": [worker.describe() for worker in state.pool.workers.values()],
-            "kv_index": state.kv_index.stats(),
-        }
-
-    @router.get("/v1/models")
-    async def list_models(raw: Request) -> dict[str, Any]:
-        created = int(raw.app.state.started)
-        names = served_model_names(raw.app.state.proxy, raw.app.state.pool)
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": created, "owned_by": "tokenfront", "root": name}
-                for name in names
-            ],
-        }
-
-    return router
+def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
+    """The router's part of `/server_info`: its fingerprint (if it renders), policy, gate and workers."""
+    pipeline = proxy.pipeline
+    names = served_model_names(proxy)
+    return {
+        "model": names[0] if names else None,
+        "served_model_names": names,
+        "render_fingerprint": pipeline.fingerprint.to_json() if pipeline else None,
+        "reasoning_parser": pipeline.options.reasoning_parser if pipeline else None,
+        "tool_call_parser": pipeline.options.tool_call_parser if pipeline else None,
+        "policy": policy,
+        "policy_state": proxy.policy.explain(),
+        "gate": proxy.gate.state.to_json(),
+        "workers": [worker.describe() for worker in proxy.pool.workers.values()],
+        "kv_index": kv_index.stats(),
+    }
 
 
-def served_model_names(proxy: Proxy, pool: WorkerPool) -> list[str]:
+def served_model_names(proxy: Proxy) -> list[str]:
     """The router's own names; a router that was given none serves whatever its active workers report."""
     if proxy.pipeline is not None:
         return list(proxy.pipeline.served_model_names)
     if proxy.served_model_names:
         return list(proxy.served_model_names)
-    return sorted({w.report.model for w in pool.active() if w.report and w.report.model})
+    return sorted({w.report.model for w in proxy.pool.active() if w.report and w.report.model})
 
 
 class AddWorker(BaseModel):

@@ -1,68 +1,63 @@
-"""The app factory every tokenfront server is built from: common routes, errors, auth, limits, metrics."""
+"""The app factory every tokenfront server is built from: common routes, errors, auth, limits, metrics.
+
+A server passes what it knows as providers — its `/server_info` body and the model names it serves — so
+the renderer, the worker and the router (which may have no pipeline at all) share one factory and one copy
+of each common route.
+"""
 
 from __future__ import annotations
 
-import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from fastapi import FastAPI, Response
 
 from tokenfront import __version__
 from tokenfront.core.render import RenderPipeline
-from tokenfront.server.errors import error_response, install_error_handlers
+from tokenfront.server.errors import install_error_handlers
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
+from tokenfront.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics, exposition
+from tokenfront.server.middleware import AuthAndMetrics
+from tokenfront.server.models import ModelNames, models_body
+from tokenfront.server.responses import JSONBytesResponse
+
+__all__ = ["SCHEMA_VERSION", "ServerInfo", "ServerMetrics", "create_app", "pipeline_info"]
 
 SCHEMA_VERSION = 1
-# Paths that answer without an API key: load balancers probe health without credentials.
-_OPEN_PATHS = frozenset({"/health"})
-
-
-class ServerMetrics:
-    """Prometheus metrics of one app, in its own registry (no process-global state)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "tokenfront_requests", "HTTP requests answered", ["route", "status"], registry=self.registry
-        )
-        self.latency = Histogram(
-            "tokenfront_request_seconds",
-            "Time to answer a request",
-            ["route"],
-            registry=self.registry,
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        )
-        self.rendered_prompts = Counter(
-            "tokenfront_rendered_prompts", "Prompts rendered into ids", ["kind"], registry=self.registry
-        )
-        self.rendered_tokens = Counter(
-            "tokenfront_rendered_tokens",
-            "Prompt tokens produced by rendering",
-            ["kind"],
-            registry=self.registry,
-        )
+# A provider of the role-specific part of `/server_info`.
+ServerInfo = Callable[[], dict[str, Any]]
 
 
 def create_app(
     *,
     role: str,
-    pipeline: RenderPipeline,
     title: str,
+    server_info: ServerInfo,
+    model_names: ModelNames,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    server_info: Callable[[], dict[str, Any]] | None = None,
+    metrics: ServerMetrics | None = None,
 ) -> FastAPI:
-    """Build a FastAPI app with the routes every tokenfront server has (SPEC §6)."""
-    app = FastAPI(title=title, version=__version__, docs_url="/docs", openapi_url="/openapi.json")
-    app.state.pipeline = pipeline
-    app.state.metrics = ServerMetrics()
+    """A FastAPI app with the routes every tokenfront server has (SPEC §6): `/health`, `/server_info`,
+    `/v1/models`, `/metrics`, OpenAPI at `/openapi.json` and `/docs`; OpenAI-shaped errors; Bearer auth on
+    everything but `/health`; a body size limit (413). `metrics` lets a server register its own metrics in
+    the app's registry before the app exists."""
+    app = FastAPI(
+        title=title,
+        version=__version__,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+        default_response_class=JSONBytesResponse,
+    )
+    metrics = metrics or ServerMetrics()
+    app.state.metrics = metrics
     app.state.role = role
+    app.state.started = time.time()
     install_error_handlers(app)
-    _install_auth_and_metrics(app, api_key)
+    # Added last = outermost: auth is checked before a body is read, and 413s are counted too.
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    app.add_middleware(AuthAndMetrics, metrics=metrics, api_key=api_key)
 
     @app.get("/health", tags=["common"])
     async def health() -> dict[str, str]:
@@ -70,64 +65,25 @@ def create_app(
 
     @app.get("/server_info", tags=["common"])
     async def get_server_info() -> dict[str, Any]:
-        info = {
-            "role": role,
-            "version": __version__,
-            "model": pipeline.served_model_names[0],
-            "served_model_names": list(pipeline.served_model_names),
-            "schema_version": SCHEMA_VERSION,
-            "render_fingerprint": pipeline.fingerprint.to_json(),
-            "reasoning_parser": pipeline.options.reasoning_parser,
-            "tool_call_parser": pipeline.options.tool_call_parser,
-        }
-        if server_info is not None:
-            info.update(server_info())
-        return info
+        return {"role": role, "version": __version__, "schema_version": SCHEMA_VERSION, **server_info()}
 
     @app.get("/v1/models", tags=["common"])
     async def list_models() -> dict[str, Any]:
-        created = int(app.state.started)
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": created, "owned_by": "tokenfront", "root": name}
-                for name in pipeline.served_model_names
-            ],
-        }
+        return models_body(model_names(), int(app.state.started))
 
     @app.get("/metrics", tags=["common"])
-    async def metrics() -> Response:
-        return Response(generate_latest(app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    async def get_metrics() -> Response:
+        return Response(exposition(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.state.started = time.time()
     return app
 
 
-def _install_auth_and_metrics(app: FastAPI, api_key: str | None) -> None:
-    @app.middleware("http")
-    async def auth_and_metrics(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        path = request.url.path
-        if api_key is not None and path not in _OPEN_PATHS and not _authorized(request, api_key):
-            return error_response(
-                401,
-                "missing or incorrect API key: send it as `Authorization: Bearer <key>`",
-                code="invalid_api_key",
-            )
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        label = getattr(route, "path", "unmatched")
-        app.state.metrics.requests.labels(label, str(response.status_code)).inc()
-        app.state.metrics.latency.labels(label).observe(time.perf_counter() - start)
-        return response
-
-
-def _authorized(request: Request, api_key: str) -> bool:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), api_key.encode())
-
-
-__all__ = ["SCHEMA_VERSION", "ServerMetrics", "create_app"]
+def pipeline_info(pipeline: RenderPipeline) -> dict[str, Any]:
+    """The `/server_info` fields of a server that renders with `pipeline` (renderer and worker)."""
+    return {
+        "model": pipeline.served_model_names[0],
+        "served_model_names": list(pipeline.served_model_names),
+        "render_fingerprint": pipeline.fingerprint.to_json(),
+        "reasoning_parser": pipeline.options.reasoning_parser,
+        "tool_call_parser": pipeline.options.tool_call_parser,
+    }

@@ -8,10 +8,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenfront.core.errors import RenderError
+from tokenfront.server.responses import JSONBytesResponse
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,12 @@ def error_response(
     param: str | None = None,
     code: str | None = None,
     error_type: str | None = None,
-) -> JSONResponse:
+) -> JSONBytesResponse:
     """A JSON response carrying the OpenAI error object."""
     kind = error_type or _TYPES.get(status_code, "invalid_request_error")
-    return JSONResponse(error_body(message, error_type=kind, param=param, code=code), status_code=status_code)
+    return JSONBytesResponse(
+        error_body(message, error_type=kind, param=param, code=code), status_code=status_code
+    )
 
 
 def model_not_found(model: str, served: tuple[str, ...]) -> APIError:
@@ -134,28 +136,34 @@ def _validation_message(errors: list[dict[str, Any]], content_type: str) -> tupl
     return "invalid request: " + "; ".join(messages) + more, loc or None
 
 
+def validation_error(errors: list[dict[str, Any]], content_type: str) -> APIError:
+    """The 400 for a body that fails validation, naming where (`messages[0].content: ...`)."""
+    message, param = _validation_message(errors, content_type)
+    return APIError(400, message, param=param)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every error a client can cause in the OpenAI shape."""
 
     @app.exception_handler(RenderError)
-    async def _render_error(_: Request, exc: RenderError) -> JSONResponse:
+    async def _render_error(_: Request, exc: RenderError) -> JSONBytesResponse:
         return error_response(
             exc.status_code, exc.message, param=exc.param, code=exc.code, error_type=exc.error_type
         )
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(_: Request, exc: APIError) -> JSONBytesResponse:
         return error_response(
             exc.status_code, exc.message, param=exc.param, code=exc.code, error_type=exc.error_type
         )
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONBytesResponse:
         message, param = _validation_message(list(exc.errors()), request.headers.get("content-type", ""))
         return error_response(400, message, param=param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONBytesResponse:
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path} on this server"
         elif exc.status_code == 405:
@@ -165,6 +173,6 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, message)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(_: Request, exc: Exception) -> JSONBytesResponse:
         log.exception("unexpected error while answering a request")
         return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")

@@ -18,10 +18,10 @@ from fastapi import FastAPI
 
 from tokenfront.core.render import RenderPipeline
 from tokenfront.renderer.routes import render_router
-from tokenfront.server.app import create_app
+from tokenfront.server.app import create_app, pipeline_info
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 from tokenfront.worker.engine import Engine
-from tokenfront.worker.routes import worker_router
+from tokenfront.worker.routes import kv_events_router, worker_router
 from tokenfront.worker.service import WorkerMetrics, WorkerService
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,10 @@ def create_worker_app(
     stopped with the app (its lifespan).
     """
 
-    def engine_info() -> dict[str, Any]:
+    def worker_info() -> dict[str, Any]:
         info = engine.info
         return {
+            **pipeline_info(pipeline),
             "tokens_per_block": info.tokens_per_block,
             "kv_cache_hash": info.kv_cache_hash,
             "max_batch_size": info.max_batch_size,
@@ -63,16 +64,18 @@ def create_worker_app(
     enabled = render_endpoints_enabled() if enable_render_endpoints is None else enable_render_endpoints
     app = create_app(
         role="worker",
-        pipeline=pipeline,
         title="tokenfront worker",
+        server_info=worker_info,
+        model_names=lambda: pipeline.served_model_names,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
-        server_info=engine_info,
     )
+    app.state.pipeline = pipeline
     service = WorkerService(pipeline, engine, WorkerMetrics(app.state.metrics, engine))
     app.state.service = service
     app.state.engine = engine
     app.include_router(worker_router())
+    app.include_router(kv_events_router())
     if enabled:
         app.include_router(render_router())
     app.router.lifespan_context = _lifespan(service)

@@ -9,6 +9,7 @@ from fastapi.responses import Response
 
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.server.errors import APIError
+from tokenfront.server.lean_routes import LeanRoute
 from tokenfront.worker.service import WorkerService
 
 # One read returns at most this many events; a router pages with `after`.
@@ -16,8 +17,8 @@ MAX_EVENTS_PER_READ = 10_000
 
 
 def worker_router() -> APIRouter:
-    """POST /v1/chat/completions, POST /v1/completions and GET /kv_cache_events, on `app.state.service`."""
-    router = APIRouter(tags=["inference"])
+    """POST /v1/chat/completions and POST /v1/completions, on `app.state.service`."""
+    router = APIRouter(tags=["inference"], route_class=LeanRoute)
 
     @router.post(
         "/v1/chat/completions", summary="Chat completion (messages, or prompt_token_ids with messages)"
@@ -30,6 +31,13 @@ def worker_router() -> APIRouter:
     async def completions(request: CompletionRequest, raw: Request) -> Response:
         service: WorkerService = raw.app.state.service
         return await service.completion(request, raw)
+
+    return router
+
+
+def kv_events_router() -> APIRouter:
+    """GET /kv_cache_events, on `app.state.service`."""
+    router = APIRouter()
 
     @router.get(
         "/kv_cache_events",

@@ -20,16 +20,15 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from starlette.responses import StreamingResponse
 
 from tokenfront.core.errors import RenderError
 from tokenfront.core.families import ModelFamily, family_for
@@ -38,15 +37,18 @@ from tokenfront.core.render import RenderPipeline
 from tokenfront.core.tool_calls import ToolCallParser
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.server.app import ServerMetrics
-from tokenfront.server.errors import APIError, error_body, model_not_found
+from tokenfront.server.disconnect import ClientDisconnected, client_disconnected_response, unless_disconnected
+from tokenfront.server.errors import APIError, error_body
+from tokenfront.server.models import check_model
+from tokenfront.server.request_ids import chat_request_id, completion_request_id
+from tokenfront.server.responses import JSONBytesResponse
+from tokenfront.server.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
 from tokenfront.worker.engine import NO_TOKEN, Engine, GenerationRequest, SamplingParams, TokenOutput
 from tokenfront.worker.streaming import (
-    SSE_DONE,
     ChoiceText,
     ForcedToolCall,
     TextDelta,
     ToolCallHold,
-    sse_event,
 )
 
 log = logging.getLogger(__name__)
@@ -310,14 +312,6 @@ async def _collect(run: ChoiceRun) -> ChoiceResult:
     return ChoiceResult(run.index, delta, run.tokens, finish)
 
 
-async def _wait_for_disconnect(raw: Request) -> None:
-    """Return when the client closes the connection (the body has been read, so only that can come)."""
-    while True:
-        message = await raw.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 # --- the service -------------------------------------------------------------------------------------------
 
 
@@ -386,7 +380,9 @@ class WorkerService:
 
     # -- chat --------------------------------------------------------------------------------------------------
 
-    async def chat(self, request: ChatCompletionRequest, raw: Request) -> JSONResponse | StreamingResponse:
+    async def chat(
+        self, request: ChatCompletionRequest, raw: Request
+    ) -> JSONBytesResponse | StreamingResponse:
         """POST /v1/chat/completions."""
         self._check_model(request.model)
         parser = self.pipeline.tool_call_parser
@@ -397,7 +393,7 @@ class WorkerService:
         max_tokens = request.max_completion_tokens or request.max_tokens
         params = self._sampling(request, len(prompt.token_ids), max_tokens, logprobs)
         constraint_for = await self._constraint_factory(request, forced, params.max_tokens)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        request_id = chat_request_id()
         runs = []
         for index in range(request.n or 1):
             text = self._chat_choice_text(request, prompt, forced)
@@ -515,7 +511,9 @@ class WorkerService:
 
     # -- completions -------------------------------------------------------------------------------------------
 
-    async def completion(self, request: CompletionRequest, raw: Request) -> JSONResponse | StreamingResponse:
+    async def completion(
+        self, request: CompletionRequest, raw: Request
+    ) -> JSONBytesResponse | StreamingResponse:
         """POST /v1/completions."""
         self._check_model(request.model)
         if request.echo and request.logprobs is not None:
@@ -530,7 +528,7 @@ class WorkerService:
             prompt_text = self.decode(item.token_ids) if item.prompt_text is None else item.prompt_text
             prompts.append(PromptInput(item.token_ids, len(item.token_ids), source, prompt_text))
         n = request.n or 1
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+        request_id = completion_request_id()
         runs = []
         for prompt_index, prompt in enumerate(prompts):
             params = self._sampling(request, len(prompt.token_ids), request.max_tokens, request.logprobs)
@@ -559,8 +557,7 @@ class WorkerService:
     # -- shared ------------------------------------------------------------------------------------------------
 
     def _check_model(self, model: str | None) -> None:
-        if not self.pipeline.serves(model):
-            raise model_not_found(str(model), self.pipeline.served_model_names)
+        check_model(model, self.pipeline.served_model_names)
 
     def _check_ids(self, ids: list[int], param: str) -> None:
         if not ids:
@@ -650,31 +647,28 @@ class WorkerService:
         generation = GenerationRequest(f"{request_id}-{index}", prompt.token_ids, params, cache_salt)
         return ChoiceRun(index, generation, text, self.engine, self.metrics, route)
 
-    async def _answer(self, plan: _Plan, raw: Request) -> JSONResponse | StreamingResponse:
+    async def _answer(self, plan: _Plan, raw: Request) -> JSONBytesResponse | StreamingResponse:
         for prompt in plan.prompts:
             self.metrics.prompt_tokens.labels(plan.route).inc(prompt.usage_tokens)
         if plan.stream:
-            return StreamingResponse(self._sse(plan), media_type="text/event-stream")
-        watcher: asyncio.Future[Any] = asyncio.create_task(_wait_for_disconnect(raw))
-        work: asyncio.Future[list[ChoiceResult]] = asyncio.gather(*(_collect(run) for run in plan.runs))
+            return StreamingResponse(self._sse(plan), media_type=SSE_MEDIA_TYPE)
+
+        def abort_runs() -> None:
+            for run in plan.runs:
+                run.cancel("client_disconnected")
+
+        work = asyncio.gather(*(_collect(run) for run in plan.runs))
         try:
-            done, _ = await asyncio.wait([work, watcher], return_when=asyncio.FIRST_COMPLETED)
-            if work not in done:
-                for run in plan.runs:
-                    run.cancel("client_disconnected")
-                work.cancel()
-                with contextlib.suppress(BaseException):
-                    await work
-                return JSONResponse(error_body("client disconnected", error_type="client_disconnected"), 499)
-            results = work.result()
+            results = await unless_disconnected(work, raw, on_disconnect=abort_runs)
+        except ClientDisconnected:
+            return client_disconnected_response()
         except ValueError as exc:  # the engine refused a sequence it cannot run
             raise APIError(400, str(exc)) from exc
         finally:
-            watcher.cancel()
             for run in plan.runs:
                 run.cancel("error")
         self._count_usage(plan)
-        return JSONResponse(self._full_response(plan, results))
+        return JSONBytesResponse(self._full_response(plan, results))
 
     # -- non-streaming answer ----------------------------------------------------------------------------------
 
@@ -737,7 +731,7 @@ class WorkerService:
 
     # -- streaming answer --------------------------------------------------------------------------------------
 
-    async def _sse(self, plan: _Plan) -> AsyncIterator[str]:
+    async def _sse(self, plan: _Plan) -> AsyncIterator[bytes]:
         """The event stream of a request: chunks as choices produce text, then usage, then [DONE]."""
         queue: asyncio.Queue[ChoiceEvent | BaseException] = asyncio.Queue()
         created = int(time.time())

@@ -5,37 +5,25 @@ one at a time, into deltas of reasoning and content that are safe to show: a sto
 (text that could be the start of one is held back until the next token tells), a reasoning marker is never
 shown, and content that could be the start of a tool call is held back until the end, when the tool-call
 parser reads the whole output. The streaming and non-streaming paths both feed a `ChoiceText`, so their
-text is identical by construction. `sse_event` / `SSE_DONE` frame server-sent events.
+text is identical by construction.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tokenfront.core.reasoning import ReasoningStream
 from tokenfront.core.tool_calls import ToolCall, ToolCallParser
 
 __all__ = [
-    "SSE_DONE",
     "ChoiceText",
     "ForcedToolCall",
     "IncrementalDetokenizer",
     "StopStringMatcher",
     "TextDelta",
     "ToolCallHold",
-    "sse_event",
 ]
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def sse_event(payload: dict[str, Any]) -> str:
-    """One server-sent event carrying `payload` as compact JSON."""
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
 
 # --- ids -> text -------------------------------------------------------------------------------------------
 

@@ -1,0 +1,69 @@
+"""Prometheus metrics of one app, in its own registry; one view over every process with `--workers N`.
+
+With several processes serving one port (`tokenfront render --workers N`), each process counts in files
+under PROMETHEUS_MULTIPROC_DIR (prometheus-client's multiprocess mode, set up by `server.process` before the
+processes start), and `GET /metrics`, whichever process answers it, sums them all.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from tokenfront.server.process import MULTIPROC_DIR_ENV
+
+__all__ = ["CONTENT_TYPE_LATEST", "MULTIPROC_DIR_ENV", "ServerMetrics", "exposition"]
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class ServerMetrics:
+    """The metrics every server has: requests by route and status, latency, rendered prompts and tokens."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "tokenfront_requests", "HTTP requests answered", ["route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "tokenfront_request_seconds",
+            "Time to answer a request",
+            ["route"],
+            registry=self.registry,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.rendered_prompts = Counter(
+            "tokenfront_rendered_prompts", "Prompts rendered into ids", ["kind"], registry=self.registry
+        )
+        self.rendered_tokens = Counter(
+            "tokenfront_rendered_tokens",
+            "Prompt tokens produced by rendering",
+            ["kind"],
+            registry=self.registry,
+        )
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        """Count one answered request."""
+        children = self._children.get((route, status))
+        if children is None:  # labels() looks the child up by name each call: keep them
+            children = (self.requests.labels(route, str(status)), self.latency.labels(route))
+            self._children[(route, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def count_rendered(self, kind: str, prompts: int, tokens: int) -> None:
+        """Count rendered prompts and their tokens."""
+        self.rendered_prompts.labels(kind).inc(prompts)
+        self.rendered_tokens.labels(kind).inc(tokens)
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text of `registry`, or of every process's files in multiprocess mode."""
+    if os.environ.get(MULTIPROC_DIR_ENV):
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged)
+        return generate_latest(merged)
+    return generate_latest(registry)
