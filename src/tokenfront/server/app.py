@@ -11,22 +11,63 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import APIRouter, FastAPI, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenfront import __version__
 from tokenfront.core.render import RenderPipeline
 from tokenfront.server.errors import install_error_handlers
+from tokenfront.server.lean_routes import LeanRoute
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
 from tokenfront.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics, exposition
 from tokenfront.server.middleware import AuthAndMetrics
 from tokenfront.server.models import ModelNames, models_body
 from tokenfront.server.responses import JSONBytesResponse
 
-__all__ = ["SCHEMA_VERSION", "ServerInfo", "ServerMetrics", "create_app", "pipeline_info"]
+__all__ = ["SCHEMA_VERSION", "ServerInfo", "ServerMetrics", "TokenfrontApp", "create_app", "pipeline_info"]
 
 SCHEMA_VERSION = 1
 # A provider of the role-specific part of `/server_info`.
 ServerInfo = Callable[[], dict[str, Any]]
+
+
+class TokenfrontApp(FastAPI):
+    """A FastAPI app that answers its lean routes (`server.lean_routes.LeanRoute`) itself.
+
+    A POST to a lean route's exact path goes straight to the route through the app's own auth, metrics and
+    body-limit layers, skipping Starlette's middleware stack and FastAPI's routing layers, which cost more
+    than rendering a short chat. Everything else (other routes, 404, 405, OpenAPI, lifespan) takes FastAPI's
+    usual path. Both paths answer the same: the same handler, the same errors.
+    """
+
+    lean_front: ASGIApp | None = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lean_routes: dict[str, LeanRoute] = {}
+
+    def include_router(self, router: APIRouter, *, prefix: str = "", **kwargs: Any) -> None:  # type: ignore[override]
+        """FastAPI's `include_router`, noting the router's lean POST routes for the direct path."""
+        super().include_router(router, prefix=prefix, **kwargs)
+        if kwargs.get("dependencies"):
+            return  # dependencies run on FastAPI's path only: leave these routes to it
+        for route in router.routes:
+            if isinstance(route, LeanRoute) and route.methods == {"POST"} and "{" not in route.path:
+                self.lean_routes[prefix + route.path] = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and self.lean_front is not None:
+            route = self.lean_routes.get(scope["path"])
+            if route is not None:
+                scope["app"] = self
+                scope["route"] = route
+                await self.lean_front(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+async def _serve_lean_route(scope: Scope, receive: Receive, send: Send) -> None:
+    await scope["route"].serve(scope, receive, send)
 
 
 def create_app(
@@ -38,12 +79,12 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     metrics: ServerMetrics | None = None,
-) -> FastAPI:
+) -> TokenfrontApp:
     """A FastAPI app with the routes every tokenfront server has (SPEC §6): `/health`, `/server_info`,
     `/v1/models`, `/metrics`, OpenAPI at `/openapi.json` and `/docs`; OpenAI-shaped errors; Bearer auth on
     everything but `/health`; a body size limit (413). `metrics` lets a server register its own metrics in
     the app's registry before the app exists."""
-    app = FastAPI(
+    app = TokenfrontApp(
         title=title,
         version=__version__,
         docs_url="/docs",
@@ -58,6 +99,10 @@ def create_app(
     # Added last = outermost: auth is checked before a body is read, and 413s are counted too.
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     app.add_middleware(AuthAndMetrics, metrics=metrics, api_key=api_key)
+    # The same two layers in front of the lean routes.
+    app.lean_front = AuthAndMetrics(
+        BodySizeLimit(_serve_lean_route, max_bytes=max_body_bytes), metrics=metrics, api_key=api_key
+    )
 
     @app.get("/health", tags=["common"])
     async def health() -> dict[str, str]:

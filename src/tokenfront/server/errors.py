@@ -142,20 +142,27 @@ def validation_error(errors: list[dict[str, Any]], content_type: str) -> APIErro
     return APIError(400, message, param=param)
 
 
+def response_for(exc: Exception) -> JSONBytesResponse:
+    """The answer to an exception raised while answering: its own status for tokenfront's errors, else a
+    logged 500 that names no internals."""
+    if isinstance(exc, (RenderError, APIError)):
+        return error_response(
+            exc.status_code, exc.message, param=exc.param, code=exc.code, error_type=exc.error_type
+        )
+    log.exception("unexpected error while answering a request", exc_info=exc)
+    return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every error a client can cause in the OpenAI shape."""
 
     @app.exception_handler(RenderError)
     async def _render_error(_: Request, exc: RenderError) -> JSONBytesResponse:
-        return error_response(
-            exc.status_code, exc.message, param=exc.param, code=exc.code, error_type=exc.error_type
-        )
+        return response_for(exc)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONBytesResponse:
-        return error_response(
-            exc.status_code, exc.message, param=exc.param, code=exc.code, error_type=exc.error_type
-        )
+        return response_for(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONBytesResponse:
@@ -174,5 +181,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONBytesResponse:
-        log.exception("unexpected error while answering a request")
-        return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
+        return response_for(exc)

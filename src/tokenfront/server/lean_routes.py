@@ -22,8 +22,9 @@ from fastapi import Request
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from tokenfront.server.errors import APIError, validation_error
+from tokenfront.server.errors import APIError, response_for, validation_error
 from tokenfront.server.responses import JSONBytesResponse, loads
 
 __all__ = ["LeanRoute", "json_body", "raw_body"]
@@ -43,9 +44,25 @@ def raw_body(request: Request) -> bytes:
 
 
 class LeanRoute(APIRoute):
-    """An `APIRoute` whose handler parses, validates and calls the endpoint itself (see the module doc)."""
+    """An `APIRoute` whose handler parses, validates and calls the endpoint itself (see the module doc).
+
+    `serve` answers a request as a plain ASGI app, for an app that dispatches to the route itself (see
+    `server.app.TokenfrontApp`); FastAPI's own routing reaches the same handler.
+    """
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer one request on this route, errors included."""
+        try:
+            response = await self._lean_handler(Request(scope, receive, send))
+        except Exception as exc:
+            response = response_for(exc)
+        await response(scope, receive, send)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        self._lean_handler = self._build_handler()
+        return self._lean_handler
+
+    def _build_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         model, model_param, request_param = _signature(self.endpoint)
         endpoint = self.endpoint
 

@@ -44,6 +44,7 @@ class ServerMetrics:
             registry=self.registry,
         )
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        self._rendered: dict[str, tuple[Counter, Counter]] = {}
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request."""
@@ -56,8 +57,12 @@ class ServerMetrics:
 
     def count_rendered(self, kind: str, prompts: int, tokens: int) -> None:
         """Count rendered prompts and their tokens."""
-        self.rendered_prompts.labels(kind).inc(prompts)
-        self.rendered_tokens.labels(kind).inc(tokens)
+        children = self._rendered.get(kind)
+        if children is None:
+            children = (self.rendered_prompts.labels(kind), self.rendered_tokens.labels(kind))
+            self._rendered[kind] = children
+        children[0].inc(prompts)
+        children[1].inc(tokens)
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
