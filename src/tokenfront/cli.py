@@ -36,6 +36,12 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
         help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})",
     )
     group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    group.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log a line per request (off by default: at thousands of requests a second it costs CPU and "
+        "floods the log; GET /metrics counts requests by route, status and latency)",
+    )
 
 
 def _run_render(args: argparse.Namespace) -> int:
@@ -59,7 +65,14 @@ def _run_render(args: argparse.Namespace) -> int:
         pipeline.backend.name,
     )
     app = create_renderer_app(pipeline, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
-    run_server(app, host=args.host, port=args.port, log_level=args.log_level, workers=args.workers)
+    run_server(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        workers=args.workers,
+    )
     return 0
 
 
@@ -95,7 +108,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         engine.info.tokens_per_block,
     )
     app = create_worker_app(pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
-    run_server(app, host=args.host, port=args.port, log_level=args.log_level)
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     return 0
 
 
@@ -143,7 +156,7 @@ def _run_route(args: argparse.Namespace) -> int:
             "router without a model: it routes by load only and never forwards ids; policy %s", args.policy
         )
     app = create_router_app(pipeline, settings, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
-    run_server(app, host=args.host, port=args.port, log_level=args.log_level)
+    run_server(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     return 0
 
 

@@ -49,7 +49,9 @@ def prepare_workers(workers: int) -> None:
         )
 
 
-def run_server(app: Any, *, host: str, port: int, log_level: str, workers: int = 1) -> None:
+def run_server(
+    app: Any, *, host: str, port: int, log_level: str, access_log: bool = False, workers: int = 1
+) -> None:
     """Serve `app` until SIGTERM or SIGINT; in-flight requests finish before the process exits."""
     import uvicorn
 
@@ -58,6 +60,7 @@ def run_server(app: Any, *, host: str, port: int, log_level: str, workers: int =
         host=host,
         port=port,
         log_level=log_level,
+        access_log=access_log,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         # "auto" takes uvloop and httptools (dependencies of tokenfront): the C parser, not h11.
         loop="auto",
