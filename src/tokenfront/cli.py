@@ -55,7 +55,10 @@ def _run_render(args: argparse.Namespace) -> int:
     from tokenfront.renderer.app import create_renderer_app
     from tokenfront.server.process import run_server
 
-    pipeline = RenderPipeline.load(options_from_args(args))
+    # Healthy before the fast tokenizer backend is built: the transformers tokenizer encodes meanwhile.
+    pipeline = RenderPipeline.load(options_from_args(args), build_backend_in_background=True)
+    if args.workers > 1:
+        pipeline.wait_until_ready()  # the build thread does not survive a fork: finish it first
     fingerprint = pipeline.fingerprint
     log.info(
         "renderer ready: model %s, fingerprint %s (%s), tokenizer backend %s",
@@ -126,7 +129,11 @@ def _run_route(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     options = options_from_args(args)
     # Without --model (and --tokenizer) there is nothing to render with: the router routes by load only.
-    pipeline = RenderPipeline.load(options) if args.model or args.tokenizer else None
+    pipeline = (
+        RenderPipeline.load(options, build_backend_in_background=True)
+        if args.model or args.tokenizer
+        else None
+    )
     settings = RouterSettings(
         workers=args.worker,
         policy=args.policy,

@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from tokenfront import RenderOptions, RenderPipeline
-from tokenfront.core.fingerprint import Fingerprint
+from tokenfront import RenderOptions, RenderPipeline, fixtures
+from tokenfront.core.fingerprint import (
+    Fingerprint,
+    canonical_json,
+    prefetch_tokenizer_hashes,
+    sha256_text,
+    tokenizer_components,
+)
 
 
 def _pipeline(folder: Path, **options: object) -> RenderPipeline:
@@ -191,3 +199,88 @@ def test_two_renderer_processes_publish_the_same_digest(qwen3: Path, tmp_path: P
     b = httpx.get(f"{second.url}/server_info").json()["render_fingerprint"]
     assert a["digest"] == b["digest"] and a["complete"] and b["complete"]
     assert a["info"]["model_path"] != b["info"]["model_path"]
+
+
+# -- the fast hashing path spells JSON exactly as the standard library did ------------------------------------
+
+
+def _stdlib_json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _stdlib_tokenizer_hashes(tokenizer: Any) -> dict[str, str]:
+    """The tokenizer hashes as computed before orjson, the prefetch and the vocabulary shortcut."""
+    spec = json.loads(tokenizer._tokenizer.to_str())
+    for key in ("padding", "truncation", "added_tokens"):
+        spec.pop(key, None)
+    vocab = sorted(tokenizer._tokenizer.get_vocab(with_added_tokens=False).items())
+    added = [
+        {
+            "id": token_id,
+            "content": token.content,
+            "special": bool(token.special),
+            "lstrip": bool(token.lstrip),
+            "rstrip": bool(token.rstrip),
+            "normalized": bool(token.normalized),
+            "single_word": bool(token.single_word),
+        }
+        for token_id, token in sorted(tokenizer.added_tokens_decoder.items())
+    ]
+    return {
+        "model": sha256_text(_stdlib_json(spec)),
+        "vocab": sha256_text(_stdlib_json(vocab)),
+        "added_tokens": sha256_text(_stdlib_json(added)),
+    }
+
+
+def _hashes(components: dict[str, Any]) -> dict[str, str]:
+    return {key: components[key] for key in ("model", "vocab", "added_tokens")}
+
+
+@pytest.mark.parametrize("name", list(fixtures.CHECKPOINTS))
+def test_tokenizer_hashes_equal_the_stdlib_ones(name: str, checkpoint: Any) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint(name)))
+    expected = _stdlib_tokenizer_hashes(tokenizer)
+    assert _hashes(tokenizer_components(tokenizer)[0]) == expected  # computed on the spot
+    prefetch_tokenizer_hashes(tokenizer)
+    assert _hashes(tokenizer_components(tokenizer)[0]) == expected  # taken from the background thread
+
+
+def _synthetic_tokenizer(model: str) -> Any:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "a": 1, "b": 2, "ab": 3, "##b": 4, "é": 5, "🚀": 6}
+    if model == "BPE":
+        rust = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b")], unk_token="[UNK]", dropout=0.25))
+    elif model == "WordPiece":
+        rust = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    elif model == "WordLevel":
+        rust = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    else:  # scores that json.dumps and orjson spell differently (1e-05 vs 0.00001)
+        scores = [("[UNK]", 0.0), ("a", -1e-05), ("b", -2.5), ("ab", -1.25e-08), ("é", -3.0), ("🚀", -17.75)]
+        rust = Tokenizer(models.Unigram(scores, unk_id=0, byte_fallback=False))
+    rust.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=rust, unk_token="[UNK]", additional_special_tokens=["<x>"]
+    )
+
+
+@pytest.mark.parametrize("model", ["BPE", "WordPiece", "WordLevel", "Unigram"])
+def test_every_model_kind_hashes_as_before(model: str) -> None:
+    tokenizer = _synthetic_tokenizer(model)
+    assert _hashes(tokenizer_components(tokenizer)[0]) == _stdlib_tokenizer_hashes(tokenizer)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"b": 1, "a": [True, None, -(2**63), 2**64 - 1, "x"], "é": {"z": "", "\u2028": "\x00\x1f\x7f"}},
+        ["".join(chr(c) for c in range(0x20, 0x3000)), "".join(chr(c) for c in range(0x1F600, 0x1F650))],
+        {"floats": [0.1, 1e-05, 1e16, -0.0, 123.456]},  # the standard library's path
+        {"big": 2**70, "tuple": (1, "2")},
+        {2: "int keys", 10: "json.dumps makes them strings; orjson refuses"},
+        [[[[[[]]]]]],
+    ],
+)
+def test_canonical_json_is_the_standard_librarys(value: Any) -> None:
+    assert canonical_json(value) == _stdlib_json(value)

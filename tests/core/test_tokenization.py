@@ -1,5 +1,6 @@
 """Tokenizer backends: fastokens, tokenizers and transformers give the same ids (the contract that lets
-`auto` pick the fastest), on every fixture checkpoint, over rendered corpus prompts and raw edge cases."""
+`auto` pick the fastest), on every fixture checkpoint, over rendered corpus prompts and raw edge cases; and the
+background build servers use (the transformers tokenizer serves until fastokens is built and probed)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from corpus import CHAT, COMPLETIONS
 from transformers import AutoTokenizer
 
 from tokenfront import RenderOptions, RenderPipeline
+from tokenfront.core import tokenization
 from tokenfront.core.tokenization import (
+    DeferredBackend,
     FastokensBackend,
     RustTokenizersBackend,
+    SegmentedEncoder,
     TransformersBackend,
     backend_for,
 )
@@ -82,3 +86,47 @@ def test_split_special_tokens_is_honoured(qwen3: Path) -> None:
     assert 151645 not in expected  # <|im_end|> is split into ordinary pieces
     for backend in (FastokensBackend(tokenizer), RustTokenizersBackend(tokenizer)):
         assert backend.encode(text, add_special_tokens=False) == expected, backend.name
+
+
+def test_background_build_serves_the_same_ids_and_switches(qwen3: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen3))
+    deferred = backend_for(tokenizer, background=True)
+    assert isinstance(deferred, DeferredBackend) and deferred.name == "fastokens"
+    text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    expected = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # Whatever encodes now (the transformers tokenizer, or fastokens once built), the ids are the reference's.
+    assert deferred.encode(text, add_special_tokens=False) == expected
+    assert deferred.wait(timeout=120)
+    assert isinstance(deferred.current, FastokensBackend) and deferred.name == "fastokens"
+    assert deferred.encode(text, add_special_tokens=False) == expected
+    assert deferred._tokenizer.segment_cache_stats() is not None  # other attributes are the current backend's
+    # Built like any backend from a tokenizer (as `type(backend)(tokenizer)` does): ready on return.
+    direct = DeferredBackend(tokenizer)
+    assert isinstance(direct.current, FastokensBackend) and direct.wait(timeout=0)
+
+
+def test_background_build_falls_back_when_fastokens_disagrees(
+    qwen3: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen3))
+    monkeypatch.setattr(tokenization, "_agrees", lambda *args: "ids differ (simulated)")
+    deferred = backend_for(tokenizer, background=True)
+    assert deferred.wait(timeout=120)  # type: ignore[attr-defined]
+    assert deferred.name == "tokenizers"
+    assert isinstance(deferred.current, SegmentedEncoder)  # type: ignore[attr-defined]
+    text = "a<|im_end|>b " * 100
+    assert deferred.encode(text, add_special_tokens=True) == list(tokenizer(text)["input_ids"])
+
+
+def test_background_build_failure_keeps_the_reference(qwen3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen3))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("simulated")
+
+    monkeypatch.setattr(tokenization, "_rust_backend", broken)
+    deferred = backend_for(tokenizer, background=True)
+    assert deferred.wait(timeout=120)  # type: ignore[attr-defined]
+    assert deferred.name == "transformers"
+    assert isinstance(deferred.current, TransformersBackend)  # type: ignore[attr-defined]
+    assert deferred.encode("x<|im_end|>", add_special_tokens=False) == [87, 151645]

@@ -6,9 +6,11 @@ with the hub client (only the small files), which fails with a clear message on 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,11 +185,15 @@ def _read_template_option(value: str) -> str:
 
 
 def load_tokenizer(folder: Path, *, trust_remote_code: bool) -> Any:
-    """Load the tokenizer with transformers (no torch needed), the reference every rendered id is checked against."""
+    """Load the tokenizer with transformers (no torch needed), the reference every rendered id is checked against.
+
+    Also starts hashing it for the fingerprint in a background thread: that work holds the GIL, and the next
+    start-up step (building the fastokens backend) releases it, so on two cores the two overlap.
+    """
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except Exception as exc:
         hint = ""
         if "trust_remote_code" in str(exc):
@@ -195,6 +201,63 @@ def load_tokenizer(folder: Path, *, trust_remote_code: bool) -> Any:
         raise CheckpointError(
             f"cannot load a tokenizer from {folder}: {type(exc).__name__}: {exc}.{hint}"
         ) from exc
+    from tokenfront.core.fingerprint import prefetch_tokenizer_hashes  # imported here: fingerprint imports us
+
+    prefetch_tokenizer_hashes(tokenizer)
+    return tokenizer
+
+
+# Serialized Rust tokenizers, by transformers tokenizer; see `tokenizer_json`.
+_TOKENIZER_JSON: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], str]] = weakref.WeakKeyDictionary()
+
+
+def tokenizer_json(tokenizer: Any, *, keep: bool = True) -> str | None:
+    """`tokenizer._tokenizer.to_str()` (the tokenizer.json transformers actually runs), serialized once.
+
+    Start-up needs it three times (fastokens, a `tokenizers` copy if any, the fingerprint) and each call costs
+    tens of ms for a 150k vocabulary. With `keep`, the string stays cached until `forget_tokenizer_json` or
+    until the tokenizer is gone; it is taken again if the Rust object was replaced or tokens were added since.
+    None when the tokenizer has no Rust model.
+    """
+    rust = getattr(tokenizer, "_tokenizer", None)
+    if rust is None:
+        return None
+    key = (id(rust), len(tokenizer))
+    try:
+        cached = _TOKENIZER_JSON.get(tokenizer)
+    except TypeError:  # not weak-referenceable or not hashable: no cache
+        return str(rust.to_str())
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    text = str(rust.to_str())
+    if keep:
+        _TOKENIZER_JSON[tokenizer] = (key, text)
+    return text
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by start-up (tokenizer.json parsed into Python objects by transformers and by the
+    fingerprint: ~100 MB for a 150k vocabulary) back to the system. glibc keeps freed heap pages mapped
+    otherwise, so the process's RSS would stay at its start-up peak. A no-op where there is no glibc."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            import ctypes
+
+            _MALLOC_TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM: Any = None
+
+
+def forget_tokenizer_json(tokenizer: Any) -> None:
+    """Drop the cached serialization (tens of MB) once start-up no longer needs it."""
+    with contextlib.suppress(TypeError):  # not weak-referenceable: never cached
+        _TOKENIZER_JSON.pop(tokenizer, None)
 
 
 def has_remote_code(*configs: dict[str, Any]) -> bool:

@@ -8,22 +8,87 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from itertools import chain, compress, repeat
 from typing import Any
+
+from tokenfront.core.checkpoint import release_freed_memory, tokenizer_json
+
+try:  # a declared dependency; without it the (slower) standard library gives the same bytes
+    import orjson
+except ImportError:  # pragma: no cover
+    orjson = None  # type: ignore[assignment]
 
 # Bump when a change to the rendering code changes ids for some input: old and new processes must not match.
 RENDER_SEMANTICS_VERSION = "1"
 FINGERPRINT_VERSION = 1
 
+# Values orjson writes exactly as `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`
+# does (checked for every code point): strings, 64-bit integers, booleans, null, in dicts, lists and tuples.
+# Not floats: orjson spells 1e-05 as 0.00001. Exact types only (a subclass may serialise differently).
+_ORJSON_LEAVES = frozenset({str, int, bool, type(None)})
+_ORJSON_CONTAINERS = frozenset({dict, list, tuple})
+_ORJSON_TYPES = _ORJSON_LEAVES | _ORJSON_CONTAINERS
+_CONTAINER_TUPLE = (dict, list, tuple)
+_ORJSON_MAX_DEPTH = 200  # orjson stops at 255 levels
+
+
+def _orjson_spells_like_json(value: Any) -> bool:
+    """Whether every value inside `value` is of a type orjson serialises byte for byte like `json.dumps`.
+
+    Walks level by level and flattens each level with C iterators, so a 150k-entry vocabulary or merge list
+    costs milliseconds rather than a Python call per entry.
+    """
+    level: list[Any] = [value]
+    for _ in range(_ORJSON_MAX_DEPTH):
+        if not set(map(type, level)) <= _ORJSON_TYPES:
+            return False
+        containers = compress(level, map(isinstance, level, repeat(_CONTAINER_TUPLE)))
+        level = list(chain.from_iterable(c.values() if type(c) is dict else c for c in containers))
+        if not level:
+            return True
+    return False  # deeper than orjson goes (or a cycle, which json.dumps reports)
+
+
+def _canonical_bytes(value: Any, *, checked: bool = False) -> bytes:
+    if orjson is not None and (checked or _orjson_spells_like_json(value)):
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # a non-string key, or an integer beyond 64 bits
+            pass
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
 
 def canonical_json(value: Any) -> str:
     """One spelling of a JSON value: sorted keys, no spaces, unicode kept."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _canonical_bytes(value).decode("utf-8")
 
 
 def sha256_text(text: str) -> str:
     """Hex sha256 of a text's UTF-8 bytes."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sha256_json(value: Any) -> str:
+    """Hex sha256 of a value's canonical JSON: `sha256_text(canonical_json(value))`, without the round trip."""
+    return hashlib.sha256(_canonical_bytes(value)).hexdigest()
+
+
+def _parse_json(text: str) -> tuple[Any, bool]:
+    """Parse JSON as `json.loads` does; also whether orjson can write the value back (see `_canonical_bytes`)."""
+    if orjson is not None:
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:  # e.g. NaN, or integers beyond 64 bits: the standard library's job
+            pass
+        else:
+            if _orjson_spells_like_json(value):
+                return value, True
+    # Floats (or anything orjson would parse or print differently): exactly as before.
+    return json.loads(text), False
 
 
 # How each component is named when two fingerprints differ in it.
@@ -58,7 +123,7 @@ class Fingerprint:
     @property
     def digest(self) -> str:
         """sha256 hex of the canonical JSON of `compared`."""
-        return sha256_text(canonical_json(self.compared))
+        return sha256_json(self.compared)
 
     def to_json(self) -> dict[str, Any]:
         """The published form."""
@@ -160,6 +225,84 @@ def _template_difference(mine: dict[str, str], theirs: dict[str, str]) -> str:
     return "chat template differs (" + ", ".join(names) + ")"
 
 
+# Models whose tokenizer.json "vocab" is exactly their `get_vocab(with_added_tokens=False)` (Unigram's is a
+# list of [piece, score]: asked from the Rust side instead).
+_TOKEN_TO_ID_MODELS = frozenset({"BPE", "WordPiece", "WordLevel"})
+
+# The two slow parts of the tokenizer component, started early by `prefetch_tokenizer_hashes`.
+_PREFETCHED: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], Future[tuple[str, str]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _hash_key(tokenizer: Any) -> tuple[int, int]:
+    return id(tokenizer._tokenizer), len(tokenizer)
+
+
+def _rust_tokenizer_hashes(tokenizer: Any, serialized: str, keep: list[Any] | None = None) -> tuple[str, str]:
+    """sha256 of the tokenizer.json transformers runs (minus call-time settings and added tokens), and of
+    the model vocabulary. The parsed tokenizer.json goes into `keep` when given, to be freed by the caller
+    after the result is out (freeing 150k entries takes a while)."""
+    spec, checked = _parse_json(serialized)
+    if keep is not None:
+        keep.append(spec)
+    # Padding/truncation are call-time settings, and added tokens are hashed on their own below.
+    for key in ("padding", "truncation", "added_tokens"):
+        spec.pop(key, None)
+    model_hash = hashlib.sha256(_canonical_bytes(spec, checked=checked)).hexdigest()
+    model = spec.get("model") or {}
+    if model.get("type") in _TOKEN_TO_ID_MODELS and type(model.get("vocab")) is dict:
+        # These models serialise their vocabulary as the token -> id map `get_vocab` returns: no need to ask
+        # the Rust side to build it again (~0.1 s for 150k tokens). Its entries were checked with the spec.
+        vocab, vocab_checked = model["vocab"], checked
+    else:  # str -> u32 from the Rust side: always what orjson spells like json.dumps
+        vocab, vocab_checked = tokenizer._tokenizer.get_vocab(with_added_tokens=False), True
+    vocab_hash = hashlib.sha256(_canonical_bytes(sorted(vocab.items()), checked=vocab_checked)).hexdigest()
+    return model_hash, vocab_hash
+
+
+def prefetch_tokenizer_hashes(tokenizer: Any) -> None:
+    """Start computing the tokenizer's model and vocabulary hashes in a background thread.
+
+    That is ~0.5 s of GIL-holding work for a 150k vocabulary; start-up's next step, building the fastokens
+    backend, releases the GIL for about as long, so they overlap. `tokenizer_components` takes the result
+    (once), and computes it itself when nothing was prefetched or the tokenizer changed since.
+    """
+    if getattr(tokenizer, "_tokenizer", None) is None or not type(tokenizer).__module__.startswith(
+        "transformers."
+    ):
+        return
+    serialized = tokenizer_json(tokenizer)
+    if serialized is None:
+        return
+    future: Future[tuple[str, str]] = Future()
+
+    def run() -> None:
+        parsed: list[Any] = []
+        try:
+            future.set_result(_rust_tokenizer_hashes(tokenizer, serialized, keep=parsed))
+        except BaseException as exc:  # handed to whoever takes the result
+            future.set_exception(exc)
+        parsed.clear()  # freed after start-up has its result
+        release_freed_memory()
+
+    try:
+        _PREFETCHED[tokenizer] = (_hash_key(tokenizer), future)
+    except TypeError:  # not weak-referenceable: nothing to prefetch into
+        return
+    threading.Thread(target=run, name="tokenfront-fingerprint", daemon=True).start()
+
+
+def _take_prefetched(tokenizer: Any) -> Future[tuple[str, str]] | None:
+    try:
+        entry = _PREFETCHED.pop(tokenizer, None)
+    except TypeError:
+        return None
+    if entry is None or entry[0] != _hash_key(tokenizer):
+        return None
+    return entry[1]
+
+
 def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
     """The tokenizer's part of `compared`, and why it is incomplete (empty when fully identified)."""
     incomplete: list[str] = []
@@ -172,12 +315,13 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
     model_hash: str | None = None
     vocab_hash: str | None = None
     if backend is not None:
-        spec = json.loads(backend.to_str())
-        # Padding/truncation are call-time settings, and added tokens are hashed on their own below.
-        for key in ("padding", "truncation", "added_tokens"):
-            spec.pop(key, None)
-        model_hash = sha256_text(canonical_json(spec))
-        vocab_hash = sha256_text(canonical_json(sorted(backend.get_vocab(with_added_tokens=False).items())))
+        prefetched = _take_prefetched(tokenizer)
+        if prefetched is not None:
+            model_hash, vocab_hash = prefetched.result()
+        else:
+            serialized = tokenizer_json(tokenizer, keep=False)  # the cached one if start-up still holds it
+            assert serialized is not None  # there is a Rust tokenizer
+            model_hash, vocab_hash = _rust_tokenizer_hashes(tokenizer, serialized)
     else:
         incomplete.append(f"tokenizer {type(tokenizer).__name__} has no serialisable model (tokenizer.json)")
     added = [
@@ -196,7 +340,7 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
         "class": type(tokenizer).__name__,
         "model": model_hash,
         "vocab": vocab_hash,
-        "added_tokens": sha256_text(canonical_json(added)),
+        "added_tokens": sha256_json(added),
         "special_tokens": dict(sorted(tokenizer.special_tokens_map.items())),
         "add_bos_eos": [
             bool(getattr(tokenizer, "add_bos_token", False)),
@@ -243,5 +387,5 @@ def _processor_component(processor: dict[str, Any] | None) -> dict[str, Any] | N
         return None
     return {
         "class": processor.get("processor_class") or processor.get("image_processor_type"),
-        "config": sha256_text(canonical_json(processor)),
+        "config": sha256_json(processor),
     }

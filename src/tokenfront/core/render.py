@@ -67,11 +67,20 @@ class RenderedPrompt:
 class RenderPipeline:
     """A loaded rendering configuration: checkpoint, template, tokenizer backend, parsers and fingerprint."""
 
-    def __init__(self, checkpoint: Checkpoint, options: RenderOptions) -> None:
+    def __init__(
+        self, checkpoint: Checkpoint, options: RenderOptions, *, build_backend_in_background: bool = False
+    ) -> None:
+        """`build_backend_in_background`: a server that must be ready fast builds its fast tokenizer backend
+        in a background thread, encoding with the transformers tokenizer (the reference: the same ids,
+        slower) until it is ready; `wait_until_ready` waits for it."""
         self.checkpoint = checkpoint
         self.options = options
         self.tokenizer = checkpoint.tokenizer
-        self.backend: TokenizerBackend = backend_for(checkpoint.tokenizer, options.tokenizer_backend)  # type: ignore[arg-type]
+        self.backend: TokenizerBackend = backend_for(
+            checkpoint.tokenizer,
+            options.tokenizer_backend,  # type: ignore[arg-type]
+            background=build_backend_in_background,
+        )
         self.reasoning_parser: ReasoningParser | None = _parser_or_startup_error(
             get_reasoning_parser, options.reasoning_parser, "--reasoning-parser"
         )
@@ -91,7 +100,7 @@ class RenderPipeline:
         }
 
     @classmethod
-    def load(cls, options: RenderOptions) -> RenderPipeline:
+    def load(cls, options: RenderOptions, *, build_backend_in_background: bool = False) -> RenderPipeline:
         """Load the checkpoint named in the options (tokenizer, config, template; never weights)."""
         checkpoint = load_checkpoint(
             options.model,
@@ -99,7 +108,12 @@ class RenderPipeline:
             chat_template=options.chat_template,
             trust_remote_code=options.trust_remote_code,
         )
-        return cls(checkpoint, options)
+        return cls(checkpoint, options, build_backend_in_background=build_backend_in_background)
+
+    def wait_until_ready(self, timeout: float | None = None) -> bool:
+        """Block until a backend built in the background has taken over; False on timeout."""
+        wait = getattr(self.backend, "wait", None)
+        return bool(wait(timeout)) if wait is not None else True
 
     # -- chat ------------------------------------------------------------------------------------------------
 
