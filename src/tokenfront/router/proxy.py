@@ -14,6 +14,12 @@ For each chat or completions request the `Proxy`
 5. answers with the worker's response — a stream is relayed chunk by chunk as it arrives, never buffered —
    plus `x-tokenfront-worker` (which worker served) and `x-tokenfront-forwarded` (true/false).
 
+Sending is the router's per-request overhead, so it is kept short: the worker's connection comes from its
+`WorkerConnections` pool (a request written in one piece, the answer parsed as it arrives), and the two events
+that end a wait early — the client leaving (answered 499, the worker's request closed so that it stops
+generating) and a health check finding the worker gone (retried elsewhere) — cancel the request's own task
+through one `_Interrupt`, rather than racing a task against every await.
+
 Completions with several prompts go to one worker as one request (routed by the first prompt's ids, the ids
 forwarded as a list of id lists), so the answer keeps its shape; with `echo` they are never forwarded (the
 worker would echo decoded ids, not the client's text).
@@ -22,36 +28,38 @@ worker would echo decoded ids, not the client's text).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+import sys
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-import httpx
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from starlette.types import Receive, Scope, Send
 
 from tokenfront.core.errors import RenderError
 from tokenfront.core.families import family_for
 from tokenfront.core.reasoning import ReasoningParser
 from tokenfront.core.render import RenderedPrompt, RenderPipeline
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.router.connections import WorkerResponse, WorkerTransportError, describe_error
 from tokenfront.router.gate import ForwardingGate, never_forward_reason
 from tokenfront.router.policies.base import Policy, RouteRequest, WorkerLoad
-from tokenfront.router.workers import Worker, WorkerPool, describe_error
-from tokenfront.server.errors import APIError, error_body, model_not_found
+from tokenfront.router.workers import Worker, WorkerPool
+from tokenfront.server.disconnect import client_disconnected_response, wait_for_disconnect
+from tokenfront.server.errors import APIError, error_body
+from tokenfront.server.models import check_model
+from tokenfront.server.responses import dumps, loads
+from tokenfront.server.sse import SSE_DONE, sse_event
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 WORKER_HEADER = "x-tokenfront-worker"
 FORWARDED_HEADER = "x-tokenfront-forwarded"
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
-_JSON = {"content-type": "application/json"}
 # Worker response headers a client may care about; hop-by-hop and length headers are the router's own.
 _PASSED_HEADERS = ("content-type", "x-request-id")
 
@@ -132,6 +140,8 @@ class Proxy:
         self.family = family_for(pipeline.checkpoint.model_type if pipeline else None)
         own = pipeline.reasoning_parser if pipeline else None
         self._own_prompt_parser = own if own is not None and own.reads_mode_from_prompt else None
+        # The request counter's children by (route, worker, forwarded): `labels()` costs more than `inc()`.
+        self._served: dict[tuple[str, str, bool], Any] = {}
 
     # -- plans -----------------------------------------------------------------------------------------------
 
@@ -222,43 +232,39 @@ class Proxy:
         return list(found.values())
 
     def _check_model(self, model: str | None) -> None:
-        if self.pipeline is not None:
-            if not self.pipeline.serves(model):
-                raise model_not_found(str(model), self.pipeline.served_model_names)
-        elif self.served_model_names and model is not None and model not in self.served_model_names:
-            raise model_not_found(model, self.served_model_names)
+        # A router given no names at all lets its workers decide.
+        check_model(model, self.pipeline.served_model_names if self.pipeline else self.served_model_names)
 
     # -- sending ---------------------------------------------------------------------------------------------
 
     async def send_watching(self, plan: Plan, raw: Request) -> Response:
-        """`send`, abandoned (and the worker's request closed) when the client goes away first."""
-        work = asyncio.ensure_future(self.send(plan))
-        watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
+        """`send`, abandoned (and the worker's request closed) when the client goes away first: then 499."""
+        interrupt = _Interrupt()
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(raw.receive, interrupt))
         try:
-            done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # this handler was cancelled (shutdown): the attempt must not outlive it
-            work.cancel()
+            return await self.send(plan, interrupt)
+        except _ClientLeft:
+            return client_disconnected_response()
+        except asyncio.CancelledError:
+            if interrupt.take() == "client":  # it came outside an attempt (no worker was waited for)
+                return client_disconnected_response()
             raise
         finally:
+            interrupt.disarm()
             watcher.cancel()
-        if work in done:
-            return work.result()
-        work.cancel()  # closes the request to the worker, which then aborts the generation
-        with contextlib.suppress(BaseException):
-            response = await work
-            if isinstance(response, StreamingResponse):
-                await _close_stream(response)
-        return JSONResponse(error_body("client disconnected", error_type="client_disconnected"), 499)
 
-    async def send(self, plan: Plan) -> Response:
+    async def send(self, plan: Plan, interrupt: _Interrupt | None = None) -> Response:
         """Send the plan to a worker the policy chooses; on a failure before any byte, to another one."""
+        interrupt = interrupt or _Interrupt()
         tried: set[str] = set()
         failures: list[str] = []
         fallback: Response | None = None
         while (choice := self._choose(plan, tried)) is not None:
+            if interrupt.left:
+                raise _ClientLeft  # while a lost worker's attempt was being given up
             worker, load = choice
             tried.add(worker.url)
-            outcome = await self._attempt(worker, load, plan)
+            outcome = await self._attempt(worker, load, plan, interrupt)
             if isinstance(outcome, Response):
                 return outcome
             failures.append(f"{worker.url}: {outcome.reason}")
@@ -288,137 +294,210 @@ class Proxy:
         chosen = self.policy.select(loads, plan.target)
         return candidates[chosen.url], chosen
 
-    async def _attempt(self, worker: Worker, load: WorkerLoad, plan: Plan) -> Response | _Failure:
+    async def _attempt(
+        self, worker: Worker, load: WorkerLoad, plan: Plan, interrupt: _Interrupt
+    ) -> Response | _Failure:
+        """One worker's try: its answer, or why to try another worker. Until the first byte for the client
+        (the whole answer, or a stream's first chunk), a health check finding the worker gone ends the wait."""
         worker.active_requests += 1
         worker.routed += 1
         self.policy.on_routed(load, plan.target)
-        response: httpx.Response | None = None
-        lost = worker.lost  # the attempt gives up when a health check finds the worker gone meanwhile
+        response: WorkerResponse | None = None
+        relayed = False
+        stage = "request"
+        on_lost = interrupt.worker_lost
+        worker.lost_watchers.add(on_lost)
         try:
-            request = worker.client.build_request("POST", plan.path, content=plan.body, headers=_JSON)
-            response = await _unless_set(lost, worker.client.send(request, stream=True))
-            if response.status_code >= 500:
-                content = await _unless_set(lost, response.aread())
-                self._finish(worker, load, plan, ok=False)
-                answer = self._full(response, content, worker, plan)
-                return _Failure(f"answered {response.status_code}", answer)
+            response = await worker.connections.post(plan.path, plan.body)
             if plan.stream and response.status_code == 200:
-                return await self._start_stream(worker, load, plan, response)
-            content = await _unless_set(lost, response.aread())
-        except httpx.TransportError as exc:
+                stage = "stream"
+                first = await response.next_chunk()
+                headers = self._headers(response, worker, plan)
+                relayed = True
+                return _RelayResponse(self, worker, load, plan, response, first, headers)
+            content = await response.read()
+        except WorkerTransportError as exc:
             self._finish(worker, load, plan, ok=False)
             reason = describe_error(exc)
-            self.pool.mark_failed(worker, f"request failed ({reason})")
+            failed = "stream failed before its first chunk" if stage == "stream" else "request failed"
+            self.pool.mark_failed(worker, f"{failed} ({reason})")
             return _Failure(reason)
-        except _WorkerLost:
+        except asyncio.CancelledError:
             self._finish(worker, load, plan, ok=False)
-            return _Failure(f"worker lost while answering ({worker.problem})")
+            why = interrupt.take()
+            if why == "lost":
+                where = "before the stream's first chunk" if stage == "stream" else "while answering"
+                return _Failure(f"worker lost {where} ({worker.problem})")
+            if why == "client":
+                raise _ClientLeft from None
+            raise  # a cancellation from elsewhere (shutdown)
         except BaseException:
-            self._finish(worker, load, plan, ok=False)  # e.g. the client left and the attempt was cancelled
+            self._finish(worker, load, plan, ok=False)
             raise
         finally:
-            if response is not None and not (plan.stream and response.status_code == 200):
-                await response.aclose()
+            worker.lost_watchers.discard(on_lost)
+            if response is not None and not relayed:
+                response.close()  # reused when read to its end, else closed: the worker stops generating
+        if response.status_code >= 500:
+            self._finish(worker, load, plan, ok=False)
+            return _Failure(f"answered {response.status_code}", self._full(response, content, worker, plan))
         self._finish(worker, load, plan, ok=response.status_code < 400)
         return self._full(response, content, worker, plan)
-
-    async def _start_stream(
-        self, worker: Worker, load: WorkerLoad, plan: Plan, response: httpx.Response
-    ) -> Response | _Failure:
-        """Wait for the stream's first chunk (a failure until then is retried), then relay the rest."""
-        chunks = response.aiter_raw()
-        try:
-            first = await _unless_set(worker.lost, chunks.__anext__())
-        except StopAsyncIteration:
-            first = b""
-        except (httpx.TransportError, _WorkerLost) as exc:
-            await response.aclose()
-            self._finish(worker, load, plan, ok=False)
-            if isinstance(exc, _WorkerLost):
-                return _Failure(f"worker lost before the stream's first chunk ({worker.problem})")
-            reason = describe_error(exc)
-            self.pool.mark_failed(worker, f"stream failed before its first chunk ({reason})")
-            return _Failure(reason)
-        except BaseException:
-            await response.aclose()
-            raise  # the caller counts the attempt as finished
-        return StreamingResponse(
-            self._relay(worker, load, plan, response, first, chunks),
-            status_code=response.status_code,
-            headers=self._headers(response, worker, plan),
-        )
-
-    async def _relay(
-        self,
-        worker: Worker,
-        load: WorkerLoad,
-        plan: Plan,
-        response: httpx.Response,
-        first: bytes,
-        chunks: AsyncIterator[bytes],
-    ) -> AsyncIterator[bytes]:
-        """The worker's stream, chunk by chunk as it arrives; a break after the first chunk ends it with an
-        error event (the client already has part of the answer, so it cannot be retried)."""
-        ok = False
-        try:
-            if first:
-                yield first
-            async for chunk in chunks:
-                yield chunk
-            ok = True
-        except httpx.TransportError as exc:
-            reason = describe_error(exc)
-            self.pool.mark_failed(worker, f"stream broke ({reason})")
-            message = f"the worker {worker.url} failed while streaming ({reason}); the answer is incomplete"
-            yield _sse(error_body(message, error_type="server_error")) + b"data: [DONE]\n\n"
-        finally:
-            await response.aclose()
-            self._finish(worker, load, plan, ok=ok)
 
     def _finish(self, worker: Worker, load: WorkerLoad, plan: Plan, *, ok: bool) -> None:
         worker.active_requests -= 1
         self.policy.on_complete(load, plan.target, ok)
         if ok:
-            self.metrics.requests.labels(plan.route, worker.url, _flag(plan.forwarded)).inc()
+            key = (plan.route, worker.url, plan.forwarded)
+            counter = self._served.get(key)
+            if counter is None:
+                counter = self._served[key] = self.metrics.requests.labels(
+                    plan.route, worker.url, _flag(plan.forwarded)
+                )
+            counter.inc()
 
-    def _full(self, response: httpx.Response, content: bytes, worker: Worker, plan: Plan) -> Response:
+    def _full(self, response: WorkerResponse, content: bytes, worker: Worker, plan: Plan) -> Response:
         return Response(
             content, status_code=response.status_code, headers=self._headers(response, worker, plan)
         )
 
     @staticmethod
-    def _headers(response: httpx.Response, worker: Worker, plan: Plan) -> dict[str, str]:
-        headers = {name: response.headers[name] for name in _PASSED_HEADERS if name in response.headers}
+    def _headers(response: WorkerResponse, worker: Worker, plan: Plan) -> dict[str, str]:
+        given = response.headers
+        headers = {name: given[name] for name in _PASSED_HEADERS if name in given}
         headers[WORKER_HEADER] = worker.url
         headers[FORWARDED_HEADER] = _flag(plan.forwarded)
         return headers
 
 
-class _WorkerLost(Exception):
-    """A health check found the worker gone while an attempt was waiting for it."""
+class _ClientLeft(Exception):
+    """The client closed its connection while its request waited for a worker."""
 
 
-async def _unless_set(lost: asyncio.Event, awaitable: Awaitable[_T]) -> _T:
-    """Await `awaitable`, unless `lost` is set first: then cancel it and raise `_WorkerLost`.
+class _Interrupt:
+    """Cancels the request's task when the client leaves or the worker it waits for is lost, and says which.
 
-    A hung worker (stopped, deadlocked) keeps its connections open, so only its failing health checks tell;
-    without this its requests would wait for the whole request timeout.
+    One object per request, made in the request's task: the client's disconnect watcher calls
+    `client_left`, a worker's failed health check calls `worker_lost` (registered in `Worker.lost_watchers`
+    while an attempt waits). The task then sees a CancelledError wherever it waits; `take` tells it whether the
+    cancellation was this object's (and why) or came from elsewhere (a shutdown), which must go on.
+
+    One cancellation per request instead of a task and an `asyncio.wait` around every await.
     """
-    if lost.is_set():
-        raise _WorkerLost
-    work = asyncio.ensure_future(awaitable)
-    waiter = asyncio.ensure_future(lost.wait())
-    try:
-        await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-        if not work.done():
-            work.cancel()
-            with contextlib.suppress(BaseException):
-                await work
-    if work.cancelled():
-        raise _WorkerLost
-    return work.result()
+
+    __slots__ = ("_armed", "_task", "left", "reason")
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[Any] | None = asyncio.current_task()
+        self._armed = True
+        self.reason: str | None = None
+        self.left = False  # the client left (remembered even when the task was being cancelled already)
+
+    def client_left(self) -> None:
+        self.left = True
+        self._cancel("client")
+
+    def worker_lost(self) -> None:
+        self._cancel("lost")
+
+    def _cancel(self, reason: str) -> None:
+        if self._armed and self.reason is None and self._task is not None:
+            self.reason = reason
+            self._task.cancel()
+
+    def take(self) -> str | None:
+        """After a CancelledError: this object's reason when it alone cancelled the task (the task is then not
+        cancelled any more), None when the cancellation came from elsewhere."""
+        reason, self.reason = self.reason, None
+        task = self._task
+        if reason is None or task is None:
+            return None
+        if sys.version_info >= (3, 11):
+            task.uncancel()
+            if task.cancelling():
+                return None  # cancelled from elsewhere as well
+        return reason
+
+    def disarm(self) -> None:
+        """Nothing may cancel the task any more (a cancellation already asked for is still `take`n)."""
+        self._armed = False
+
+
+class _RelayResponse(StreamingResponse):
+    """A worker's stream, relayed to the client chunk by chunk as it arrives, never buffered.
+
+    A break after the first chunk ends it with an error event (the client already has part of the answer, so
+    it cannot be retried). A client that leaves ends it too, and so closes the worker's request (the worker
+    stops generating). However the response ends — even if it is never sent — `finish` releases the worker's
+    connection and ends the attempt, once.
+
+    Sent by its own `__call__`: one disconnect watcher task, rather than Starlette's task group of two tasks
+    around every stream.
+    """
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        worker: Worker,
+        load: WorkerLoad,
+        plan: Plan,
+        response: WorkerResponse,
+        first: bytes | None,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(self._chunks(first), status_code=response.status_code, headers=headers)
+        self.proxy, self.worker, self.load, self.plan, self.response = proxy, worker, load, plan, response
+        self._done = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        interrupt = _Interrupt()
+        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, interrupt))
+        try:
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            # Before the last message: once a response is complete, `receive` says "disconnect".
+            interrupt.disarm()
+            watcher.cancel()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if interrupt.take() != "client":
+                raise
+        except OSError:  # a server that raises when the client has gone (ASGI spec 2.4)
+            pass
+        finally:
+            interrupt.disarm()
+            watcher.cancel()
+            iterator = self.body_iterator
+            if isinstance(iterator, AsyncGenerator):
+                await iterator.aclose()
+            self.finish(ok=False)  # a no-op when the stream ended on its own
+
+    async def _chunks(self, first: bytes | None) -> AsyncIterator[bytes]:
+        ok = False
+        try:
+            chunk = first
+            while chunk is not None:
+                yield chunk
+                chunk = await self.response.next_chunk()
+            ok = True
+        except WorkerTransportError as exc:
+            reason = describe_error(exc)
+            self.proxy.pool.mark_failed(self.worker, f"stream broke ({reason})")
+            message = (
+                f"the worker {self.worker.url} failed while streaming ({reason}); the answer is incomplete"
+            )
+            yield sse_event(error_body(message, error_type="server_error")) + SSE_DONE
+        finally:
+            self.finish(ok=ok)
+
+    def finish(self, *, ok: bool) -> None:
+        if not self._done:
+            self._done = True
+            self.response.close()
+            self.proxy._finish(self.worker, self.load, self.plan, ok=ok)
 
 
 def _flag(value: bool) -> str:
@@ -427,25 +506,12 @@ def _flag(value: bool) -> str:
 
 def _with_field(raw_body: bytes, name: str, value: Any) -> bytes:
     """The client's JSON body with one field set (the rest as the client sent it)."""
-    body = json.loads(raw_body)
+    body = loads(raw_body)
     body[name] = value
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return dumps(body)
 
 
-def _sse(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
-
-
-async def _wait_for_disconnect(raw: Request) -> None:
-    """Return when the client closes the connection (the body has been read, so only that can come)."""
-    while True:
-        message = await raw.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _close_stream(response: StreamingResponse) -> None:
-    iterator = response.body_iterator
-    close = getattr(iterator, "aclose", None)
-    if close is not None:
-        await close()
+async def _watch_disconnect(receive: Receive, interrupt: _Interrupt) -> None:
+    """Tell `interrupt` when the client closes the connection."""
+    await wait_for_disconnect(receive)
+    interrupt.client_left()

@@ -326,11 +326,12 @@ class VllmEventSubscriber:
         try:
             batch = decode_vllm_batch(payload)
         except ValueError as exc:
+            # Forget first, count after: a reader of stats() that sees the error sees the reset too.
+            self._kv_index.reset(self.worker)
             self._counts["decode_errors"] += 1
             # Warn once; after that the counter in stats() tells the story without flooding the log.
             log = logger.warning if self._counts["decode_errors"] == 1 else logger.debug
             log("undecodable KV event batch %d from %s (%s): forgetting its blocks", seq, self.worker, exc)
-            self._kv_index.reset(self.worker)
             return False
         self._kv_index.apply_vllm_batch(self.worker, batch)
         self._counts["batches"] += 1

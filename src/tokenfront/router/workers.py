@@ -1,11 +1,14 @@
 """Worker membership: which workers the router may send to, what each one reports, and how it is doing.
 
-A `WorkerPool` holds one `Worker` per URL, each with its own pooled `httpx.AsyncClient`. It checks every
-worker periodically (`GET /health`, then `GET /server_info`), takes a worker out of the active set when a
-check or a request to it fails and puts it back when it answers again, and keeps the router's KV index fed:
-tokenfront workers are polled on `GET /kv_cache_events?after=SEQ`; a worker given a vLLM ZMQ endpoint gets a
-`VllmEventSubscriber`. Whenever the active set or what an active worker reports changes, `on_change` is
-called (the app re-evaluates the forwarding gate there).
+A `WorkerPool` holds one `Worker` per URL. It checks every worker periodically (`GET /health`, then
+`GET /server_info`), takes a worker out of the active set when a check or a request to it fails and puts it
+back when it answers again, and keeps the router's KV index fed: tokenfront workers are polled on
+`GET /kv_cache_events?after=SEQ`; a worker given a vLLM ZMQ endpoint gets a `VllmEventSubscriber`. Whenever
+the active set or what an active worker reports changes, `on_change` is called (the app re-evaluates the
+forwarding gate there).
+
+Each worker has two clients: an `httpx.AsyncClient` for the periodic checks and event polls, and a
+`router.connections.WorkerConnections` pool for the proxied requests (the router's per-request path).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import httpx
 from tokenfront.core.fingerprint import Fingerprint
 from tokenfront.core.kv_blocks import KV_CACHE_HASH
 from tokenfront.core.reasoning import ReasoningParser, get_reasoning_parser
+from tokenfront.router.connections import WorkerConnections, describe_error
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies.base import WorkerLoad
 
@@ -34,6 +38,8 @@ _EVENTS_PAGE = 10_000
 # uvicorn closes idle keep-alive connections after 5 s: expire ours first, so a reused connection is never
 # one the worker is closing (which would look like a worker failure).
 _KEEPALIVE_EXPIRY = 4.0
+# Connections for the checks and event polls (the proxied requests have their own pool).
+_CHECK_CONNECTIONS = 4
 
 
 @dataclass(frozen=True)
@@ -133,10 +139,11 @@ def _text(value: Any) -> str | None:
 
 @dataclass
 class Worker:
-    """One worker: its connection pool, its last report, its health and its load."""
+    """One worker: its connection pools, its last report, its health and its load."""
 
     url: str
-    client: httpx.AsyncClient
+    client: httpx.AsyncClient  # the checks and event polls
+    connections: WorkerConnections  # the proxied requests
     kv_events: str | None = None
     kv_replay: str | None = None
     healthy: bool = False
@@ -149,9 +156,16 @@ class Worker:
     last_check: float | None = None
     subscriber: Any = None
     check_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Set when a health check finds the worker gone: requests still waiting for its first byte stop waiting
-    # and go to another worker. A new event each time the worker comes back.
-    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    # Called when a health check finds the worker gone: requests still waiting for it stop waiting and go to
+    # another worker. Each caller registers for the time it waits, and unregisters after.
+    lost_watchers: set[Callable[[], None]] = field(default_factory=set, repr=False)
+
+    def lose(self) -> None:
+        """A health check found the worker gone: tell every request waiting on it."""
+        watchers = list(self.lost_watchers)
+        self.lost_watchers.clear()
+        for watcher in watchers:
+            watcher()
 
     def load(self) -> WorkerLoad:
         """What the routing policy sees of this worker."""
@@ -224,7 +238,13 @@ class WorkerPool:
         """Add a worker and check it once before returning; KeyError when its URL is already in the pool."""
         if spec.url in self.workers:
             raise KeyError(spec.url)
-        worker = Worker(spec.url, self._client(spec.url), kv_events=spec.kv_events, kv_replay=spec.kv_replay)
+        worker = Worker(
+            spec.url,
+            self._client(spec.url),
+            self._connections(spec.url),
+            kv_events=spec.kv_events,
+            kv_replay=spec.kv_replay,
+        )
         self.workers[spec.url] = worker
         log.info(
             "worker %s added%s", spec.url, f" (vLLM KV events on {spec.kv_events})" if spec.kv_events else ""
@@ -247,21 +267,31 @@ class WorkerPool:
             self.on_change()
         return worker
 
+    def _headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+
     def _client(self, url: str) -> httpx.AsyncClient:
+        """The client of the checks and event polls (each request gives its own timeout)."""
         settings = self.settings
-        timeout = httpx.Timeout(
-            connect=settings.connect_timeout,
-            read=settings.request_timeout,
-            write=settings.request_timeout,
-            pool=settings.request_timeout,
-        )
+        timeout = httpx.Timeout(settings.health_timeout, connect=settings.connect_timeout)
         limits = httpx.Limits(
-            max_connections=settings.max_connections,
-            max_keepalive_connections=settings.max_connections,
+            max_connections=_CHECK_CONNECTIONS,
+            max_keepalive_connections=_CHECK_CONNECTIONS,
             keepalive_expiry=_KEEPALIVE_EXPIRY,
         )
-        headers = {"authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-        return httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, headers=headers)
+        return httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, headers=self._headers())
+
+    def _connections(self, url: str) -> WorkerConnections:
+        """The pool of the proxied requests."""
+        settings = self.settings
+        return WorkerConnections(
+            url,
+            connect_timeout=settings.connect_timeout,
+            timeout=settings.request_timeout,
+            max_connections=settings.max_connections,
+            keepalive_expiry=_KEEPALIVE_EXPIRY,
+            headers=self._headers(),
+        )
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -272,6 +302,7 @@ class WorkerPool:
         deadline = time.monotonic() + self.settings.request_timeout
         while worker.active_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
+        worker.connections.close()
         await worker.client.aclose()
 
     # -- health ----------------------------------------------------------------------------------------------
@@ -282,7 +313,7 @@ class WorkerPool:
             problem = await self._health_problem(worker)
             if problem is not None:
                 self._take_out(worker, problem)
-                worker.lost.set()
+                worker.lose()
                 return
             report = await self._read_report(worker)
             if self.workers.get(worker.url) is not worker:
@@ -293,8 +324,6 @@ class WorkerPool:
             worker.last_check = time.monotonic()
             if not worker.healthy:
                 worker.healthy, worker.problem = True, None
-                if worker.lost.is_set():
-                    worker.lost = asyncio.Event()
                 log.info("worker %s is in the active set", worker.url)
             if changed:
                 self.on_change()
@@ -373,6 +402,7 @@ class WorkerPool:
                 await task
         for worker in self.workers.values():
             self._stop_subscriber(worker)
+            worker.connections.close()
             await worker.client.aclose()
 
     async def _health_loop(self) -> None:
@@ -434,9 +464,3 @@ class WorkerPool:
             with contextlib.suppress(Exception):
                 worker.subscriber.stop()
             worker.subscriber = None
-
-
-def describe_error(exc: BaseException) -> str:
-    """A short name for a connection-level error, with its message when it has one."""
-    message = str(exc).strip()
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
