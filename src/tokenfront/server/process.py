@@ -1,8 +1,9 @@
 """Running an app as a server: uvicorn (httptools + uvloop), one process or several on one port.
 
 One process: `uvicorn.run`. Several (`--workers N`): the parent has loaded everything already (the pipeline,
-the app), binds the port, and forks N children that each serve the shared socket with their own event loop
-— a pre-fork server, as gunicorn's `--preload`. Each child has its own copy of the pipeline; the pages are
+the app), and forks N children that each listen on the port with a socket of their own (SO_REUSEPORT: the
+kernel spreads connections over the children evenly; with one shared socket, whichever child wakes first
+takes most of them) and serve it with their own event loop — a pre-fork server, as gunicorn's `--preload`. Each child has its own copy of the pipeline; the pages are
 shared copy-on-write until written, so N processes cost far less than N times one. The parent only
 supervises: it restarts a child that dies (a fork of the loaded parent: ready at once), and on SIGTERM or
 SIGINT passes the signal on, waits for every child's graceful shutdown, and exits 0.
@@ -103,11 +104,14 @@ class _PreforkServer:
     def _address(self) -> tuple[str, int]:
         return str(self.config.host), int(self.config.port)
 
-    def _bind(self) -> socket.socket:
+    def _bind(self, *, listen: bool = False) -> socket.socket:
+        """A socket bound to the port with SO_REUSEPORT. The parent's is bound but never listens: it holds the
+        port (and fails early when it is taken) without being handed any connection."""
         host, port = self._address()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
@@ -115,15 +119,17 @@ class _PreforkServer:
             from tokenfront.core.errors import TokenfrontError
 
             raise TokenfrontError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-        sock.listen(2048)
-        sock.set_inheritable(True)
+        if listen:
+            sock.listen(2048)
         return sock
 
-    def _spawn(self, sock: socket.socket) -> None:
+    def _spawn(self, reserved: socket.socket) -> None:
         pid = os.fork()
         if pid == 0:  # the child: serve until told to stop, then leave without the parent's cleanup
             code = 0
             try:
+                reserved.close()
+                sock = self._bind(listen=True)
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
