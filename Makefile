@@ -4,9 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CACHE ?= $(HOME)/.cache/tokenfront
 PORT ?= 8000
+# The peer the render benchmark measures against: vLLM 0.33's CPU render server, in a venv of its own.
+VLLM_PEER ?= $(HOME)/.cache/tokenfront-peers/vllm
 RENDER_PORT ?= 8100
 
-.PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-prefill bench-routing clean
+.PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-http bench-router \
+	bench-prefill bench-routing peer-vllm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +60,19 @@ format:
 
 bench: install-test
 	$(BIN)/python -m benchmarks.render
+
+# tokenfront render against vLLM's CPU render server over HTTP, in one run (vLLM when `make peer-vllm` ran).
+bench-http: install-test
+	$(BIN)/python -m benchmarks.render_http --workers 1,2 $(if $(wildcard $(VLLM_PEER)/bin/vllm),--vllm $(VLLM_PEER))
+
+# The router's own added latency over a direct worker call.
+bench-router: install-test
+	$(BIN)/python -m benchmarks.router_overhead
+
+# Once per machine, never in CI: about 10 minutes and 9 GB.
+peer-vllm:
+	$(PYTHON) -m venv $(VLLM_PEER)
+	$(VLLM_PEER)/bin/pip install vllm==0.33.0
 
 bench-prefill: install-test
 	$(BIN)/python -m benchmarks.prefill

@@ -23,12 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +37,7 @@ from typing import Any
 import httpx
 
 from benchmarks import checkpoint_or_tiny
+from benchmarks.servers import Server, launch_tokenfront, stop_all, wait_healthy
 
 POLICIES = ("kv_cache_aware", "round_robin")
 _TOPICS = (
@@ -89,58 +86,6 @@ _WORDS = (
     "basket",
     "courtyard",
 )
-
-
-@dataclass
-class Process:
-    """A tokenfront server started by this benchmark, stopped by its own pid."""
-
-    process: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _launch(args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Process:
-    port = _free_port()
-    log_path = log_dir / f"{args[0]}-{port}.log"
-    command = [sys.executable, "-m", "tokenfront.cli", *args, "--host", "127.0.0.1", "--port", str(port)]
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-    return Process(process, f"http://127.0.0.1:{port}", log_path)
-
-
-def _wait_healthy(servers: list[Process], timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    pending = list(servers)
-    while pending:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{pending[0].url} did not start:\n{pending[0].log_path.read_text()[-2000:]}")
-        for server in list(pending):
-            if server.process.poll() is not None:
-                raise RuntimeError(f"{server.url} exited:\n{server.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{server.url}/health", timeout=1.0).status_code == 200:
-                    pending.remove(server)
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.2)
 
 
 # --- the workload ------------------------------------------------------------------------------------------
@@ -259,7 +204,7 @@ def _summary(policy: str, turns: list[TurnResult], wall: float, workers: list[st
     }
 
 
-def _warm_up(workers: list[Process]) -> None:
+def _warm_up(workers: list[Server]) -> None:
     """One short request per worker, so no policy pays for torch's first-call costs."""
     for worker in workers:
         body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2, "cache_salt": "warm-up"}
@@ -272,28 +217,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = Path(tempfile.mkdtemp(prefix="tokenfront-routing-"))
     # Several workers share the machine's cores: one torch thread each keeps them from fighting over them.
     worker_env = {"OMP_NUM_THREADS": str(args.worker_threads)}
-    started: list[Process] = []
+    started: list[Server] = []
     try:
         workers = [
-            _launch(["serve", "--model", str(folder)], log_dir, env=worker_env) for _ in range(args.workers)
+            launch_tokenfront(["serve", "--model", str(folder)], log_dir=log_dir, env=worker_env)
+            for _ in range(args.workers)
         ]
         started += workers
-        _wait_healthy(workers)
+        wait_healthy(workers)
         _warm_up(workers)
         results = []
         for policy in POLICIES:
             command = ["route", "--model", str(folder), "--policy", policy]
             for worker in workers:
                 command += ["--worker", worker.url]
-            router = _launch(command, log_dir)
+            router = launch_tokenfront(command, log_dir=log_dir)
             started.append(router)
-            _wait_healthy([router])
+            wait_healthy([router])
             turns, wall = asyncio.run(_workload(router.url, args, salt=f"{policy}-{uuid.uuid4().hex}"))
             results.append(_summary(policy, turns, wall, [w.url for w in workers]))
             router.stop()
     finally:
-        for process in reversed(started):
-            process.stop()
+        stop_all(started)
     return {
         "checkpoint": name,
         "workers": args.workers,

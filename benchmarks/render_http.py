@@ -1,0 +1,978 @@
+"""Render over HTTP: tokenfront's render server against vLLM's CPU render server, side by side, in one run.
+
+Both servers run on the same checkpoint, on loopback: `tokenfront render --model CKPT` (this interpreter,
+`python -m tokenfront.cli`) and, with `--vllm VENV`, `VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 VENV/bin/vllm
+launch render CKPT` (a venv holding vllm==0.33.0; without it only tokenfront is measured). Each answers
+POST /v1/chat/completions/render with an object holding `token_ids`.
+
+Workloads are the generators of `benchmarks.render` (short chats, chats with tools, growing multi-turn
+conversations, cold long prompts), regenerated with a new seed for every tokenfront configuration and round:
+both servers get the same list, each server sees each body exactly once, and the warm-up requests come from
+another seed, so no server is ever timed on a body it has seen (the run checks that no body repeats). A
+conversation's turns are sent in order, the next one only after the previous answer; conversations are
+interleaved over the connections.
+
+The client is cheap on purpose (on a 2-core machine it would otherwise decide the ratio): every request is
+built as complete HTTP/1.1 bytes before the clock starts, and `--concurrency` keep-alive connections (a raw
+asyncio.Protocol, uvloop when importable) run a closed loop, reading the status line, headers and body
+length without parsing JSON. Per server and workload it reports requests/s, p50/p99 latency, the server's
+CPU time per request (utime + stime of its process tree from /proc), the client's own CPU, and the CPU that
+every other process on the machine took meanwhile (a warning when the machine was not quiet). Each workload
+runs `--rounds` times per server, which server goes first alternating per workload and round; the best
+round is reported, all of them are in the JSON. Then: start-up (seconds to a 200 on /health) and RSS after
+the run, the ids of a sample of requests compared across both servers and the in-process transformers
+reference, and the floor: the bare tokenizer on the same rendered texts against tokenfront's in-process
+`render_chat`. Any non-200 answer, or any ids mismatch, makes the exit status non-zero.
+
+    python -m benchmarks.render_http [--checkpoint qwen3] [--vllm ~/.cache/tokenfront-peers/vllm]
+                                     [--concurrency 8] [--requests N] [--rounds 3] [--workers 1,2]
+                                     [--tokenfront-arg=--server=granian ...] [--vllm-arg=ARG ...] [--json]
+
+`--workers 1,2` runs tokenfront once per value (adding `--workers N` to its command line when N > 1), each
+against vLLM again on fresh requests. Both servers get `--tool-call-parser hermes` (`--tool-call-parser`;
+vLLM refuses `tools` without one) and log no line per request (tokenfront's default; vLLM gets
+`--disable-uvicorn-access-log` unless `--vllm-access-log`); `--tokenfront-arg=...` and `--vllm-arg=...` pass
+anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import hashlib
+import inspect
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.render import WORKLOADS, reference_renderer
+from benchmarks.servers import (
+    HOST,
+    Server,
+    launch_tokenfront,
+    launch_vllm_render,
+    machine_cpu_seconds,
+    stop_all,
+    wait_healthy,
+    wait_quiet,
+)
+from tokenfront import RenderOptions, RenderPipeline, fixtures
+from tokenfront.protocol import ChatCompletionRequest
+
+ROUTE = "/v1/chat/completions/render"
+# Requests per workload by default: about half a minute of vLLM time in all at concurrency 8 on 2 cores.
+DEFAULT_REQUESTS = {"short_chats": 4000, "tool_chats": 2000, "multi_turn": 2000, "long_prompts": 400}
+# The floor's requests per workload at most (plain `tokenizers` takes ~25 ms on a long prompt, per round).
+FLOOR_REQUESTS = {"short_chats": 2000, "tool_chats": 1000, "multi_turn": 1000, "long_prompts": 200}
+_KEEP = 512  # bytes of each answer's body kept: enough for `token_ids` to show up, and for error messages
+_TOKEN_IDS = b'"token_ids"'
+
+Body = dict[str, Any]
+
+
+# --- the workloads -----------------------------------------------------------------------------------------
+
+
+def _sequences(name: str, bodies: list[Body]) -> list[list[Body]]:
+    """Requests that must go in order: a conversation's turns for `multi_turn`, else each request alone."""
+    if name != "multi_turn":
+        return [[body] for body in bodies]
+    conversations: dict[str, list[Body]] = {}
+    for body in bodies:  # the generator emits one conversation's turns in order, all opening alike
+        conversations.setdefault(json.dumps(body["messages"][0]), []).append(body)
+    return list(conversations.values())
+
+
+def _generate(name: str, count: int, seed: str) -> list[list[Body]]:
+    return _sequences(name, WORKLOADS[name](count, random.Random(seed)))
+
+
+def _encode_body(body: Body) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _http_request(payload: bytes, port: int) -> bytes:
+    head = (
+        f"POST {ROUTE} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: keep-alive\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+# --- the client --------------------------------------------------------------------------------------------
+
+_HEAD, _BODY, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER = range(5)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection: send a prebuilt request, wait for the whole answer.
+
+    Reads the status line and headers, then a Content-Length or chunked body; keeps only the body's first
+    bytes and never parses JSON."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self._state = _HEAD
+        self._status = 0
+        self._remaining = 0
+        self._kept = bytearray()
+        self._closing = False
+        self._lost: Exception | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def send(self, request: bytes) -> asyncio.Future[tuple[int, bytes]]:
+        if self._lost is not None or self._transport is None or self._closing:
+            raise ConnectionError(f"the connection is closed ({self._lost})")
+        self._waiter = self._loop.create_future()
+        self._state, self._kept = _HEAD, bytearray()
+        self._transport.write(request)
+        return self._waiter
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if self._waiter is None or self._waiter.done():
+            return
+        try:
+            self._advance()
+        except Exception as exc:  # a malformed answer: fail the request loudly
+            self._waiter.set_exception(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = exc or ConnectionError("closed by the server")
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(
+                ConnectionError(f"the server closed the connection mid-answer ({exc})")
+            )
+
+    def _keep(self, data: bytes | bytearray) -> None:
+        if len(self._kept) < _KEEP:
+            self._kept += data[: _KEEP - len(self._kept)]
+
+    def _finish(self) -> None:
+        assert self._waiter is not None
+        self._waiter.set_result((self._status, bytes(self._kept)))
+
+    def _advance(self) -> None:
+        buffer = self._buffer
+        while True:
+            if self._state == _HEAD:
+                end = buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                lines = bytes(buffer[:end]).split(b"\r\n")
+                del buffer[: end + 4]
+                self._status = int(lines[0].split(b" ", 2)[1])
+                headers = {}
+                for line in lines[1:]:
+                    key, _, value = line.partition(b":")
+                    headers[key.strip().lower()] = value.strip().lower()
+                self._closing = headers.get(b"connection") == b"close"
+                if 100 <= self._status < 200:  # an interim answer: the real one follows
+                    continue
+                if b"chunked" in headers.get(b"transfer-encoding", b""):
+                    self._state = _CHUNK_SIZE
+                elif b"content-length" in headers:
+                    self._state, self._remaining = _BODY, int(headers[b"content-length"])
+                elif self._status in (204, 304):
+                    self._finish()
+                    return
+                else:
+                    raise RuntimeError(f"an answer with neither Content-Length nor chunks: {lines[0]!r}")
+            elif self._state == _BODY:
+                if len(buffer) < self._remaining:
+                    return
+                self._keep(buffer[: min(self._remaining, _KEEP)])
+                del buffer[: self._remaining]
+                self._finish()
+                return
+            elif self._state == _CHUNK_SIZE:
+                end = buffer.find(b"\r\n")
+                if end < 0:
+                    return
+                size = int(bytes(buffer[:end]).split(b";")[0], 16)
+                del buffer[: end + 2]
+                self._state, self._remaining = (_CHUNK_DATA, size + 2) if size else (_TRAILER, 0)
+            elif self._state == _CHUNK_DATA:
+                if len(buffer) < self._remaining:
+                    return
+                self._keep(buffer[: min(self._remaining - 2, _KEEP)])
+                del buffer[: self._remaining]
+                self._state = _CHUNK_SIZE
+            else:  # _TRAILER: header lines, then an empty line
+                end = buffer.find(b"\r\n")
+                if end < 0:
+                    return
+                del buffer[: end + 2]
+                if end == 0:
+                    self._finish()
+                    return
+
+
+@dataclass
+class ClientRun:
+    latencies: list[float]
+    wall: float
+    client_cpu: float
+    failures: list[tuple[int, bytes]]
+
+
+async def _drive(
+    connection: _Connection,
+    queue: deque[tuple[list[bytes], int]],
+    latencies: list[float],
+    failures: list[tuple[int, bytes]],
+) -> None:
+    clock = time.perf_counter
+    while queue:
+        sequence, position = queue.popleft()
+        started = clock()
+        status, kept = await connection.send(sequence[position])
+        latencies.append(clock() - started)
+        if status != 200 or _TOKEN_IDS not in kept:
+            failures.append((status, kept))
+        if position + 1 < len(sequence):  # the conversation's next turn, after this answer only
+            queue.append((sequence, position + 1))
+
+
+async def _closed_loop(
+    port: int,
+    sequences: list[list[bytes]],
+    concurrency: int,
+    on_start: Callable[[], None] = lambda: None,
+    on_end: Callable[[], None] = lambda: None,
+) -> ClientRun:
+    loop = asyncio.get_running_loop()
+    connections = []
+    for _ in range(concurrency):
+        _, connection = await loop.create_connection(lambda: _Connection(loop), HOST, port)
+        connections.append(connection)
+    queue = deque((sequence, 0) for sequence in sequences)
+    latencies: list[float] = []
+    failures: list[tuple[int, bytes]] = []
+    on_start()
+    gc.disable()
+    cpu_started, started = time.process_time(), time.perf_counter()
+    try:
+        await asyncio.gather(*(_drive(c, queue, latencies, failures) for c in connections))
+    finally:
+        wall, client_cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        gc.enable()
+        on_end()
+        for connection in connections:
+            connection.close()
+    return ClientRun(latencies, wall, client_cpu, failures)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def run_client(
+    port: int,
+    sequences: list[list[bytes]],
+    concurrency: int,
+    on_start: Callable[[], None] = lambda: None,
+    on_end: Callable[[], None] = lambda: None,
+) -> ClientRun:
+    """Send every request in a closed loop over `concurrency` keep-alive connections; time each one."""
+    loop = _new_loop()
+    try:
+        return loop.run_until_complete(_closed_loop(port, sequences, concurrency, on_start, on_end))
+    finally:
+        loop.close()
+
+
+def _client_backend() -> str:
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio"
+    return f"uvloop {uvloop.__version__}"
+
+
+# --- one server, one workload ------------------------------------------------------------------------------
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _measure(
+    server: Server,
+    others: list[Server],
+    timed: list[list[bytes]],
+    warm_up: list[list[bytes]],
+    concurrency: int,
+    quiet_wait: float,
+) -> dict[str, Any]:
+    """Warm the server up on its own requests, wait for a quiet machine, then time the workload; raise on any
+    non-200 answer."""
+    warm = run_client(server.port, warm_up, concurrency) if warm_up else ClientRun([], 0.0, 0.0, [])
+    waited = wait_quiet(quiet_wait) if quiet_wait > 0 else 0.0
+    cpu: dict[str, float] = {}
+
+    def snapshot(label: str) -> None:
+        cpu[f"{label}_server"] = server.cpu_seconds()
+        cpu[f"{label}_others"] = sum(other.cpu_seconds() for other in others)
+        cpu[f"{label}_machine"] = machine_cpu_seconds()
+
+    run = run_client(
+        server.port, timed, concurrency, on_start=lambda: snapshot("before"), on_end=lambda: snapshot("after")
+    )
+    failures = warm.failures + run.failures
+    if failures:
+        status, kept = failures[0]
+        raise RuntimeError(
+            f"{server.name}: {len(failures)} answers were not 200 with token_ids; the first: {status} "
+            f"{kept[:300]!r}\n{server.log_tail(1500)}"
+        )
+    count = len(run.latencies)
+    ordered = sorted(run.latencies)
+    server_cpu = cpu["after_server"] - cpu["before_server"]
+    others_cpu = cpu["after_others"] - cpu["before_others"]
+    foreign_cpu = cpu["after_machine"] - cpu["before_machine"] - server_cpu - others_cpu - run.client_cpu
+    return {
+        "requests": count,
+        "warm_up_requests": len(warm.latencies),
+        "wall_s": run.wall,
+        "rps": count / run.wall,
+        "mean_ms": statistics.fmean(ordered) * 1000,
+        "p50_ms": _percentile(ordered, 0.50) * 1000,
+        "p90_ms": _percentile(ordered, 0.90) * 1000,
+        "p99_ms": _percentile(ordered, 0.99) * 1000,
+        "max_ms": ordered[-1] * 1000,
+        "cpu_ms_per_request": server_cpu / count * 1000,
+        "server_cpu_share": server_cpu / run.wall,
+        "client_cpu_ms_per_request": run.client_cpu / count * 1000,
+        "client_cpu_share": run.client_cpu / run.wall,
+        # The other server sits idle meanwhile: its CPU over the run should be about zero.
+        "idle_others_cpu_ms": others_cpu * 1000,
+        # Everything else on the machine meanwhile, in cores: should be about zero, or the numbers are off.
+        "foreign_cpu_share": max(0.0, foreign_cpu) / run.wall,
+        "waited_for_quiet_s": waited,  # None: the machine never went quiet within --quiet-wait
+    }
+
+
+# --- ids ---------------------------------------------------------------------------------------------------
+
+
+def _spread(items: list[Body], count: int) -> list[Body]:
+    if len(items) <= count:
+        return list(items)
+    return (
+        [items[round(i * (len(items) - 1) / (count - 1))] for i in range(count)] if count > 1 else items[:1]
+    )
+
+
+def _first_difference(a: list[int], b: list[int]) -> str:
+    for position, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"position {position}: {x} vs {y}"
+    return f"lengths {len(a)} vs {len(b)}"
+
+
+def _check_ids(
+    servers: dict[str, Server], reference: Callable[[Body], list[int]], samples: dict[str, list[Body]]
+) -> dict[str, Any]:
+    """POST each sample body to every server, and compare the ids with each other and with the reference."""
+    names = [*servers, "reference"]
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    equal = dict.fromkeys((f"{a}={b}" for a, b in pairs), 0)
+    mismatches: list[str] = []
+    compared = 0
+    with httpx.Client(timeout=120.0) as client:
+        for workload, bodies in samples.items():
+            for index, body in enumerate(bodies):
+                ids: dict[str, list[int]] = {}
+                for name, server in servers.items():
+                    response = client.post(f"{server.url}{ROUTE}", json=body)
+                    if response.status_code != 200:
+                        raise RuntimeError(f"{name} answered {response.status_code}: {response.text[:300]}")
+                    ids[name] = response.json()["token_ids"]
+                ids["reference"] = reference(body)
+                compared += 1
+                for a, b in pairs:
+                    if ids[a] == ids[b]:
+                        equal[f"{a}={b}"] += 1
+                    else:
+                        mismatches.append(
+                            f"{workload} sample {index}: {a} != {b} ({_first_difference(ids[a], ids[b])})"
+                        )
+    return {"compared": compared, "equal": equal, "mismatches": mismatches}
+
+
+# --- the floor ---------------------------------------------------------------------------------------------
+
+
+def _fresh_plain_tokenizer(pipeline: RenderPipeline) -> Any:
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(pipeline.tokenizer._tokenizer.to_str())
+    plain.no_truncation()
+    plain.no_padding()
+    return plain
+
+
+def _bare_backend(pipeline: RenderPipeline) -> Any:
+    """A freshly built tokenizer of the kind the pipeline encodes with (`pipeline.backend.name`): tokenfront's
+    own class for it, without any wrapper the pipeline may put around it."""
+    from tokenfront.core import tokenization
+
+    classes = (
+        tokenization.FastokensBackend,
+        tokenization.RustTokenizersBackend,
+        tokenization.TransformersBackend,
+    )
+    for backend_class in classes:
+        if backend_class.name == pipeline.backend.name:
+            return backend_class(pipeline.tokenizer)
+    raise RuntimeError(f"no tokenizer class for the backend named {pipeline.backend.name!r}")
+
+
+def _render_function(pipeline: RenderPipeline) -> Callable[[Body], list[int]]:
+    """`render_chat` as the render route calls it: validation included, the body passed on when accepted."""
+    takes_body = "body" in inspect.signature(pipeline.render_chat).parameters
+
+    def render(body: Body) -> list[int]:
+        request = ChatCompletionRequest.model_validate(body)
+        if takes_body:
+            return pipeline.render_chat(request, body=body).token_ids  # type: ignore[call-arg]
+        return pipeline.render_chat(request).token_ids
+
+    return render
+
+
+def _cache_stats(backend: Any) -> dict[str, int] | None:
+    stats = getattr(getattr(backend, "_tokenizer", None), "segment_cache_stats", None)
+    return dict(stats()) if callable(stats) else None
+
+
+def measure_floor(
+    folder: str,
+    workloads: dict[str, list[Body]],
+    text_pipeline: RenderPipeline,
+    rounds: int,
+    quiet_wait: float = 0.0,
+) -> dict[str, Any]:
+    """The bare tokenizer on the rendered texts against tokenfront's in-process render of the requests.
+
+    Every round builds a fresh pipeline (for render_chat), a fresh tokenizer of the pipeline's backend class
+    and a fresh plain `tokenizers.Tokenizer`, so no cache is warm; each first encodes one short unrelated
+    text (fastokens pays a ~60 ms one-time set-up on its first call). The fresh backend and the pipeline see
+    the same texts in the same order, so their caches help both alike. Best of `rounds`."""
+    texts = {
+        name: [
+            text_pipeline.render_chat(ChatCompletionRequest.model_validate(b)).prompt_text or ""
+            for b in bodies
+        ]
+        for name, bodies in workloads.items()
+    }
+    best: dict[str, dict[str, float]] = {name: {} for name in workloads}
+    outputs: dict[str, dict[str, list[list[int]]]] = {name: {} for name in workloads}
+    cache: dict[str, dict[str, int]] = {}
+    backend_name = render_backend = ""
+    foreign_by_round: list[float] = []
+    for round_ in range(rounds):
+        pipeline = RenderPipeline.load(RenderOptions(model=folder))
+        backend_name = pipeline.backend.name
+        backend = _bare_backend(pipeline)
+        render = _render_function(pipeline)
+        render_backend = f"{type(pipeline.backend).__name__}({pipeline.backend.name})"
+        plain = _fresh_plain_tokenizer(pipeline)
+        backend.encode("warm up", add_special_tokens=False)
+        plain.encode("warm up", add_special_tokens=False)
+        if quiet_wait > 0:
+            wait_quiet(quiet_wait)
+        machine_started, own_started = machine_cpu_seconds(), time.process_time()
+        wall_started = time.perf_counter()
+        for name, bodies in workloads.items():
+            paths = ["floor", "tokenizers", "render"]
+            if round_ % 2:
+                paths.reverse()
+            for path in paths:
+                before = _cache_stats(backend)
+                started = time.perf_counter()
+                if path == "floor":
+                    results = [backend.encode(text, add_special_tokens=False) for text in texts[name]]
+                elif path == "tokenizers":
+                    results = [plain.encode(text, add_special_tokens=False).ids for text in texts[name]]
+                else:
+                    results = [render(body) for body in bodies]
+                elapsed = time.perf_counter() - started
+                best[name][path] = min(best[name].get(path, math.inf), elapsed / len(bodies))
+                outputs[name][path] = results
+                after = _cache_stats(backend)
+                if path == "floor" and before is not None and after is not None:
+                    cache[name] = {key: after[key] - before[key] for key in ("hit_bytes", "miss_bytes")}
+        foreign = machine_cpu_seconds() - machine_started - (time.process_time() - own_started)
+        foreign_by_round.append(max(0.0, foreign) / (time.perf_counter() - wall_started))
+    report: dict[str, Any] = {
+        "backend": backend_name,
+        "render_backend": render_backend,
+        "rounds": rounds,
+        # Cores every other process on the machine took during each round: ~0 when it was quiet.
+        "foreign_cpu_share_by_round": foreign_by_round,
+        "workloads": {},
+        "mismatches": [],
+    }
+    for name in workloads:
+        expected = outputs[name]["render"]
+        for path in ("floor", "tokenizers"):
+            wrong = sum(a != b for a, b in zip(outputs[name][path], expected, strict=True))
+            if wrong:
+                report["mismatches"].append(f"floor {name}: {path} ids differ from render_chat on {wrong}")
+        hits = cache.get(name)
+        report["workloads"][name] = {
+            "requests": len(texts[name]),
+            "mean_prompt_tokens": statistics.fmean(len(ids) for ids in expected),
+            "floor_ms": best[name]["floor"] * 1000,
+            "tokenizers_ms": best[name]["tokenizers"] * 1000,
+            "render_ms": best[name]["render"] * 1000,
+            "render_over_floor": best[name]["render"] / best[name]["floor"],
+            # fastokens' segment cache, by bytes of text: how cold the workload really was.
+            "segment_cache_hit_bytes": hits["hit_bytes"] / max(1, hits["hit_bytes"] + hits["miss_bytes"])
+            if hits
+            else None,
+        }
+    return report
+
+
+# --- the run -----------------------------------------------------------------------------------------------
+
+
+def _checkpoint(value: str) -> tuple[str, Path]:
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return path.name, path
+    try:
+        return value, fixtures.ensure_checkpoint(value)
+    except fixtures.FixtureError as error:
+        raise SystemExit(f"checkpoint {value} unavailable: {error}") from error
+
+
+def _vllm_version(venv: Path) -> str:
+    found = sorted(venv.glob("lib/python*/site-packages/vllm-*.dist-info"))
+    return found[-1].name.removeprefix("vllm-").removesuffix(".dist-info") if found else "unknown"
+
+
+def _tool_arguments(parser: str, *, vllm: bool) -> list[str]:
+    """The tool-call parser for both servers: vLLM refuses requests with `tools` (tool_choice "auto" by
+    default) unless it runs with --enable-auto-tool-choice and a parser."""
+    if parser == "none":
+        return []
+    return (
+        ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+        if vllm
+        else ["--tool-call-parser", parser]
+    )
+
+
+def _counts(args: argparse.Namespace) -> dict[str, int]:
+    if args.requests is not None:
+        return dict.fromkeys(WORKLOADS, args.requests)
+    return dict(DEFAULT_REQUESTS)
+
+
+class _Bodies:
+    """Every body sent to the servers, to prove that none is sent twice."""
+
+    def __init__(self) -> None:
+        self.seen: set[bytes] = set()
+        self.total = 0
+
+    def add(self, payloads: list[bytes]) -> None:
+        for payload in payloads:
+            self.seen.add(hashlib.sha1(payload).digest())
+            self.total += 1
+        if len(self.seen) != self.total:
+            raise RuntimeError("a request body repeats: the generators no longer make distinct requests")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    name, folder_path = _checkpoint(args.checkpoint)
+    folder = str(folder_path)
+    counts = _counts(args)
+    log_dir = Path(tempfile.mkdtemp(prefix="tokenfront-render-http-"))
+    text_pipeline = RenderPipeline.load(RenderOptions(model=folder))
+    reference = reference_renderer(text_pipeline)
+    bodies_sent = _Bodies()
+
+    report: dict[str, Any] = {
+        "checkpoint": name,
+        "checkpoint_path": folder,
+        "concurrency": args.concurrency,
+        "client": _client_backend(),
+        "tokenizer_backend": text_pipeline.backend.name,
+        "logs": str(log_dir),
+        "vllm": None,  # stays None without --vllm: "vLLM not measured"
+        "runs": [],
+    }
+    started: list[Server] = []
+    try:
+        vllm: Server | None = None
+        if args.vllm is not None:
+            venv = Path(args.vllm).expanduser()
+            # tokenfront logs no line per request by default; vLLM does unless told not to: both alike.
+            quiet_log = [] if args.vllm_access_log else ["--disable-uvicorn-access-log"]
+            vllm_args = [*_tool_arguments(args.tool_call_parser, vllm=True), *quiet_log, *args.vllm_arg]
+            vllm = launch_vllm_render(venv, folder, log_dir=log_dir, extra_args=vllm_args)
+            started.append(vllm)
+            wait_healthy([vllm], timeout=args.start_timeout)
+            vllm.wait_settled()
+            report["vllm"] = {
+                "version": _vllm_version(venv),
+                "command_extra": vllm_args,
+                "healthy_after_s": vllm.healthy_after,
+                "settled_after_s": vllm.settled_after,
+            }
+        for run_index, workers in enumerate(args.workers):
+            extra = [
+                *_tool_arguments(args.tool_call_parser, vllm=False),
+                *args.tokenfront_arg,
+                *(["--workers", str(workers)] if workers != 1 else []),
+            ]
+            tokenfront = launch_tokenfront(
+                ["render", "--model", folder, *extra], log_dir=log_dir, name=f"tokenfront-w{workers}"
+            )
+            started.append(tokenfront)
+            wait_healthy([tokenfront], timeout=args.start_timeout)
+            tokenfront.wait_settled()
+            servers = {"tokenfront": tokenfront, **({"vllm": vllm} if vllm else {})}
+            result: dict[str, Any] = {
+                "workers": workers,
+                "tokenfront_args": extra,
+                "tokenfront_healthy_after_s": tokenfront.healthy_after,
+                "tokenfront_settled_after_s": tokenfront.settled_after,
+                "workloads": {},
+            }
+            samples: dict[str, list[Body]] = {}
+            for workload_index, workload in enumerate(WORKLOADS):
+                result["workloads"][workload] = row = {}
+                tokens: list[int] = []
+                measured: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+                for round_ in range(args.rounds):
+                    seed = f"{args.seed}/{run_index}/{workload}/{round_}"
+                    timed = _generate(workload, counts[workload], seed + "/timed")
+                    # Warm-up requests (another seed) before each server's first timed round only.
+                    warm_up = _generate(workload, args.warm_up, seed + "/warm-up") if round_ == 0 else []
+                    flat = [body for sequence in timed for body in sequence]
+                    payloads = [[_encode_body(body) for body in sequence] for sequence in timed]
+                    warm_payloads = [[_encode_body(body) for body in sequence] for sequence in warm_up]
+                    bodies_sent.add([p for sequence in payloads + warm_payloads for p in sequence])
+                    tokens += [
+                        len(text_pipeline.render_chat(ChatCompletionRequest.model_validate(body)).token_ids)
+                        for body in flat
+                    ]
+                    if round_ == 0:
+                        samples[workload] = _spread(flat, args.sample)
+                        row.update(requests=len(flat), sequences=len(timed), orders=[])
+                    order = list(servers)
+                    if (run_index + workload_index + round_) % 2:
+                        order.reverse()
+                    row["orders"].append(order)
+                    for server_name in order:
+                        server = servers[server_name]
+                        build = [[_http_request(p, server.port) for p in sequence] for sequence in payloads]
+                        warm = [
+                            [_http_request(p, server.port) for p in sequence] for sequence in warm_payloads
+                        ]
+                        others = [s for s in servers.values() if s is not server]
+                        measured[server_name].append(
+                            _measure(server, others, build, warm, args.concurrency, args.quiet_wait)
+                        )
+                row.update(mean_prompt_tokens=statistics.fmean(tokens), max_prompt_tokens=max(tokens))
+                for server_name, rounds in measured.items():
+                    # The best round: the fewest interruptions from anything else on the machine.
+                    row[server_name] = {**max(rounds, key=lambda m: m["rps"]), "rounds": rounds}
+                if vllm is not None:
+                    row["ratio"] = row["tokenfront"]["rps"] / row["vllm"]["rps"]
+                    row["tokenfront_p99_below_vllm_p50"] = row["tokenfront"]["p99_ms"] < row["vllm"]["p50_ms"]
+            result["tokenfront_memory"] = tokenfront.memory()
+            if vllm is not None:
+                result["vllm_memory"] = vllm.memory()
+            result["ids"] = _check_ids(servers, reference, samples)
+            report["runs"].append(result)
+            tokenfront.stop()
+            started.remove(tokenfront)
+    finally:
+        stop_all(started)
+    report["distinct_bodies_sent"] = bodies_sent.total
+    # In-process, after every server has stopped: the machine is quiet.
+    floor_bodies = {
+        workload: [
+            body
+            for sequence in _generate(
+                workload, min(counts[workload], FLOOR_REQUESTS[workload]), f"{args.seed}/floor/{workload}"
+            )
+            for body in sequence
+        ]
+        for workload in WORKLOADS
+    }
+    report["floor"] = measure_floor(folder, floor_bodies, text_pipeline, args.floor_rounds, args.quiet_wait)
+    return report
+
+
+# --- the report --------------------------------------------------------------------------------------------
+
+
+def _mb(value: int) -> str:
+    return f"{value / 2**20:.0f} MB"
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    vllm = report["vllm"]
+    print(
+        f"checkpoint {report['checkpoint']}, tokenfront backend {report['tokenizer_backend']}, "
+        f"{report['concurrency']} keep-alive connections, closed loop, client {report['client']}; "
+        f"{report['distinct_bodies_sent']} distinct bodies sent, none twice to a server"
+    )
+    if vllm is None:
+        print("vLLM not measured (no --vllm)")
+    for run in report["runs"]:
+        arguments = " ".join(run["tokenfront_args"])
+        label = f"tokenfront render (workers {run['workers']}{', ' + arguments if arguments else ''})"
+        print()
+        print(
+            label
+            + (
+                f" vs vLLM {vllm['version']} launch render ({' '.join(vllm['command_extra'])})"
+                if vllm
+                else ""
+            )
+        )
+        header = (
+            f"{'workload':<13} {'reqs':>5} {'tokens':>7} | {'tf req/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+            f"{'CPU ms':>7}"
+        )
+        if vllm:
+            header += (
+                f" | {'vLLM r/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'CPU ms':>7} | {'ratio':>6} tf p99<vLLM p50"
+            )
+        print(header)
+        for workload, row in run["workloads"].items():
+            tf = row["tokenfront"]
+            line = (
+                f"{workload:<13} {row['requests']:>5} {row['mean_prompt_tokens']:>7.0f} | {tf['rps']:>9.1f} "
+                f"{tf['p50_ms']:>7.2f} {tf['p99_ms']:>7.2f} {tf['cpu_ms_per_request']:>7.2f}"
+            )
+            if vllm:
+                vl = row["vllm"]
+                line += (
+                    f" | {vl['rps']:>9.1f} {vl['p50_ms']:>7.2f} {vl['p99_ms']:>7.2f} "
+                    f"{vl['cpu_ms_per_request']:>7.2f} | {row['ratio']:>5.2f}x "
+                    f"{'yes' if row['tokenfront_p99_below_vllm_p50'] else 'no'}"
+                )
+            print(line)
+        print(
+            "  tokens = mean prompt tokens; CPU ms = the server's process tree, per request; ratio = tokenfront "
+            "req/s / vLLM req/s"
+        )
+        servers = ["tokenfront", *(["vllm"] if vllm else [])]
+        print(
+            "where the CPU went in the reported round (cores busy on average; client ms = this benchmark's "
+            "CPU per request; others = every other process on the machine):"
+        )
+        print(
+            f"  {'workload':<13}"
+            + "".join(
+                f" | {name + ' server':>17} {'client':>6} {'client ms':>9} {'others':>6}" for name in servers
+            )
+        )
+        foreign = 0.0
+        for workload, row in run["workloads"].items():
+            cells = []
+            for name in servers:
+                cell = row[name]
+                foreign = max(foreign, cell["foreign_cpu_share"])
+                cells.append(
+                    f" | {cell['server_cpu_share']:>17.2f} {cell['client_cpu_share']:>6.2f} "
+                    f"{cell['client_cpu_ms_per_request']:>9.3f} {cell['foreign_cpu_share']:>6.2f}"
+                )
+            print(f"  {workload:<13}" + "".join(cells))
+        print("  req/s of every round (the best one is reported above):")
+        for workload, row in run["workloads"].items():
+            print(
+                f"  {workload:<13}"
+                + "".join(
+                    f" | {name:<10} " + " ".join(f"{r['rps']:>7.1f}" for r in row[name]["rounds"])
+                    for name in servers
+                )
+            )
+        if vllm:
+            idle = max(row[s]["idle_others_cpu_ms"] for row in run["workloads"].values() for s in servers)
+            print(f"  the idle server's CPU during the other's timed run: at most {idle:.0f} ms")
+        never = sum(
+            r["waited_for_quiet_s"] is None
+            for row in run["workloads"].values()
+            for name in servers
+            for r in row[name]["rounds"]
+        )
+        if never:
+            print(f"  {never} timed round(s) started on a machine that did not go quiet within --quiet-wait")
+        if foreign > 0.1:
+            print(
+                f"  WARNING: other processes took up to {foreign:.2f} cores during a timed run: numbers skewed"
+            )
+        print("start-up (launch to a 200 on /health; settled = its CPU use fell idle after that) and memory:")
+        starts = [("vLLM", vllm, run.get("vllm_memory"))] if vllm else []
+        tokenfront_start = {
+            "healthy_after_s": run["tokenfront_healthy_after_s"],
+            "settled_after_s": run["tokenfront_settled_after_s"],
+        }
+        starts.append(("tokenfront", tokenfront_start, run["tokenfront_memory"]))
+        for label, start, memory in starts:
+            settled = start["settled_after_s"]
+            print(
+                f"  {label + ':':<11} healthy after {start['healthy_after_s']:.1f} s, settled after "
+                f"{'-' if settled is None else f'{settled:.1f}'} s; RSS {_mb(memory['rss_bytes'])} after the run "
+                f"(PSS {_mb(memory['pss_bytes'])}, {memory['processes']} process(es))"
+            )
+        ids = run["ids"]
+        pairs = ", ".join(f"{pair} on {count}/{ids['compared']}" for pair, count in ids["equal"].items())
+        print(f"ids: {ids['compared']} requests compared: {pairs}")
+        for mismatch in ids["mismatches"]:
+            print(f"  MISMATCH {mismatch}")
+    floor = report["floor"]
+    print()
+    print(
+        f"floor: in-process, fresh tokenizers and pipeline per round, best of {floor['rounds']}; "
+        f"floor = a fresh {floor['backend']} tokenizer on the rendered text, render = RenderPipeline.render_chat "
+        f"(validation included; its backend: {floor['render_backend']})"
+    )
+    print(
+        f"{'workload':<13} {'reqs':>5} {'tokens':>7} {'floor ms':>9} {'tokenizers ms':>14} {'render ms':>10} "
+        f"{'render/floor':>13} {'cache hit bytes':>16}"
+    )
+    for workload, row in floor["workloads"].items():
+        hits = row["segment_cache_hit_bytes"]
+        print(
+            f"{workload:<13} {row['requests']:>5} {row['mean_prompt_tokens']:>7.0f} {row['floor_ms']:>9.3f} "
+            f"{row['tokenizers_ms']:>14.3f} {row['render_ms']:>10.3f} {row['render_over_floor']:>12.2f}x "
+            f"{'-' if hits is None else f'{hits:.1%}':>16}"
+        )
+    by_round = floor["foreign_cpu_share_by_round"]
+    print(
+        "  other processes on the machine during each round: "
+        + " ".join(f"{x:.2f}" for x in by_round)
+        + " cores"
+    )
+    if sum(x > 0.1 for x in by_round) * 2 > len(by_round):
+        print("  WARNING: the machine was busy during most rounds: numbers skewed")
+    for mismatch in floor["mismatches"]:
+        print(f"  MISMATCH {mismatch}")
+
+
+def _workers(value: str) -> list[int]:
+    try:
+        workers = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of integers, got {value!r}"
+        ) from error
+    if not workers or min(workers) < 1:
+        raise argparse.ArgumentTypeError("worker counts are integers >= 1")
+    return workers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--checkpoint", default="qwen3", help="fixture checkpoint name or folder (default: qwen3)"
+    )
+    parser.add_argument("--vllm", help="a venv holding vllm==0.33.0; without it only tokenfront is measured")
+    parser.add_argument("--concurrency", type=int, default=8, help="keep-alive connections (default: 8)")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        help="timed requests per workload (default: "
+        + ", ".join(f"{name} {count}" for name, count in DEFAULT_REQUESTS.items())
+        + ")",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="timed rounds per workload and server, each on new requests; the best is reported (default: 3)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=30.0,
+        help="before each timed round, wait up to this many seconds for the rest of the machine to use under "
+        "0.1 cores (0: do not wait; default: 30)",
+    )
+    parser.add_argument(
+        "--warm-up", type=int, default=16, help="untimed requests per workload and server first"
+    )
+    parser.add_argument(
+        "--workers", type=_workers, default=[1], help="tokenfront --workers values, one run each (default: 1)"
+    )
+    parser.add_argument(
+        "--tokenfront-arg", action="append", default=[], help="extra tokenfront render argument (repeatable)"
+    )
+    parser.add_argument(
+        "--vllm-access-log",
+        action="store_true",
+        help="keep vLLM's access log (a line per request; by default it gets --disable-uvicorn-access-log, "
+        "as tokenfront logs none by default)",
+    )
+    parser.add_argument("--vllm-arg", action="append", default=[], help="extra vllm launch render argument")
+    parser.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        help="given to both servers (vLLM also gets --enable-auto-tool-choice), as a deployment serving tools "
+        "runs them; hermes fits Qwen3, llama3_json Llama 3; `none` for neither (default: hermes)",
+    )
+    parser.add_argument("--sample", type=int, default=16, help="requests per workload whose ids are compared")
+    parser.add_argument("--floor-rounds", type=int, default=5, help="fresh-tokenizer rounds of the floor")
+    parser.add_argument("--seed", default="render-http", help="seed of the request generators")
+    parser.add_argument(
+        "--start-timeout", type=float, default=300.0, help="seconds a server may take to start"
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+
+    try:
+        report = run(args)
+    except (RuntimeError, OSError) as error:  # a server failed to start, answered non-200, or hung up
+        print(f"render_http: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_report(report)
+    mismatches = [m for run_ in report["runs"] for m in run_["ids"]["mismatches"]] + report["floor"][
+        "mismatches"
+    ]
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Server processes for the benchmarks: start one on a free loopback port, wait for /health, stop it by pid.
+
+Also reads what the benchmarks report about a server from /proc: the CPU time and the resident memory of
+the process and all its descendants (uvicorn or granian workers, vLLM's helper processes).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HOST = "127.0.0.1"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    """A port nothing listens on right now, on loopback."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """A server process started by a benchmark, stopped by its own pid."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    launched_at: float = field(default_factory=time.monotonic)
+    healthy_after: float | None = None  # seconds from launch to the first 200 on /health
+    settled_after: float | None = None  # seconds from launch until the process tree went idle after that
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def pids(self) -> list[int]:
+        """The process and every live descendant of it."""
+        return [self.pid, *_descendants(self.pid)]
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of the process tree, reaped children included (cutime + cstime)."""
+        ticks = 0
+        for pid in self.pids():
+            fields = _stat_fields(pid)
+            if fields is not None:
+                # Fields after the command name: state is index 0, so utime..cstime are 11..14.
+                ticks += sum(int(value) for value in fields[11:15])
+        return ticks / CLOCK_TICKS
+
+    def memory(self) -> dict[str, int]:
+        """VmRSS summed over the process tree (shared pages count once per process), and PSS likewise."""
+        rss = pss = processes = 0
+        for pid in self.pids():
+            status = _read(f"/proc/{pid}/status")
+            if status is None:
+                continue
+            processes += 1
+            rss += _kilobytes(status, "VmRSS:") * 1024
+            rollup = _read(f"/proc/{pid}/smaps_rollup")
+            pss += _kilobytes(rollup, "Pss:") * 1024 if rollup else 0
+        return {"rss_bytes": rss, "pss_bytes": pss, "processes": processes}
+
+    def wait_settled(self, timeout: float = 120.0, *, window: float = 0.5, threshold: float = 0.05) -> bool:
+        """Wait until the process tree uses under `threshold` cores over `window` seconds (work a server does
+        after it answers /health, such as building a tokenizer in the background, is over); record
+        `settled_after`. False after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            before = self.cpu_seconds()
+            time.sleep(window)
+            if (self.cpu_seconds() - before) / window < threshold:
+                self.settled_after = time.monotonic() - window - self.launched_at
+                return True
+        return False
+
+    def stop(self) -> int:
+        """SIGTERM (a graceful shutdown), then SIGKILL if it has not exited in 30 s; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        return int(self.process.returncode)
+
+
+def launch(
+    name: str,
+    command: Sequence[str],
+    *,
+    port: int,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+) -> Server:
+    """Start `command` (which must make the server listen on HOST:port), its output going to a log file."""
+    log_path = log_dir / f"{name}-{port}.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            list(command), stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    return Server(name, process, port, log_path)
+
+
+def launch_tokenfront(
+    args: Sequence[str], *, log_dir: Path, env: dict[str, str] | None = None, name: str | None = None
+) -> Server:
+    """`python -m tokenfront.cli ARGS --host 127.0.0.1 --port P`, with this interpreter."""
+    port = free_port()
+    command = [sys.executable, "-m", "tokenfront.cli", *args, "--host", HOST, "--port", str(port)]
+    return launch(name or args[0], command, port=port, log_dir=log_dir, env=env)
+
+
+def launch_vllm_render(
+    venv: Path, model: str, *, log_dir: Path, extra_args: Sequence[str] = (), name: str = "vllm"
+) -> Server:
+    """vLLM's CPU render server: `VENV/bin/vllm launch render MODEL --host 127.0.0.1 --port P`, offline."""
+    port = free_port()
+    command = [str(venv / "bin" / "vllm"), "launch", "render", model, "--host", HOST, "--port", str(port)]
+    env = {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    return launch(name, [*command, *extra_args], port=port, log_dir=log_dir, env=env)
+
+
+def wait_healthy(servers: Iterable[Server], timeout: float = 300.0, interval: float = 0.05) -> None:
+    """Poll each server's /health until it answers 200, recording `healthy_after`; raise with its log if it
+    exits or does not answer in `timeout` seconds."""
+    pending = list(servers)
+    deadline = time.monotonic() + timeout
+    while pending:
+        for server in list(pending):
+            if server.process.poll() is not None:
+                raise RuntimeError(
+                    f"{server.name} ({server.url}) exited with {server.process.returncode}:\n{server.log_tail()}"
+                )
+            if _health_status(server.port) == 200:
+                server.healthy_after = time.monotonic() - server.launched_at
+                pending.remove(server)
+        if pending:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{pending[0].name} ({pending[0].url}) did not start:\n{pending[0].log_tail()}"
+                )
+            time.sleep(interval)
+
+
+def stop_all(servers: Iterable[Server]) -> None:
+    """Stop servers in the reverse order of their start, each by its own pid."""
+    for server in reversed(list(servers)):
+        server.stop()
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy (every core; all but idle and iowait), from /proc/stat."""
+    stat = _read("/proc/stat") or ""
+    values = [int(value) for value in stat.splitlines()[0].split()[1:]]
+    return (sum(values[:8]) - values[3] - values[4]) / CLOCK_TICKS
+
+
+def wait_quiet(timeout: float, *, window: float = 0.5, threshold: float = 0.1) -> float | None:
+    """Wait until the machine's busy CPU over `window` seconds is under `threshold` cores (call it while
+    everything this benchmark runs is idle); return the seconds waited, or None after `timeout`."""
+    started = time.monotonic()
+    while True:
+        before = machine_cpu_seconds()
+        time.sleep(window)
+        if (machine_cpu_seconds() - before) / window < threshold:
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            return None
+
+
+def _health_status(port: int) -> int | None:
+    # http.client rather than httpx: polling every 50 ms must not take CPU from the server starting up.
+    connection = http.client.HTTPConnection(HOST, port, timeout=1.0)
+    try:
+        connection.request("GET", "/health")
+        return connection.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as file:
+            return file.read()
+    except OSError:  # the process exited meanwhile, or the file is not readable
+        return None
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    # The command name is in parentheses and may hold spaces: split after its closing one.
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _kilobytes(text: str, key: str) -> int:
+    for line in text.splitlines():
+        if line.startswith(key):
+            return int(line.split()[1])
+    return 0
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child)
+    return found
