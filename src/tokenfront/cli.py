@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tokenfront import __version__
@@ -68,15 +69,27 @@ def _run_render(args: argparse.Namespace) -> int:
         pipeline.backend.name,
     )
     app = create_renderer_app(pipeline, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
-    run_server(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=args.access_log,
-        workers=args.workers,
-    )
+    with _finishing_background_work(pipeline):
+        run_server(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=args.access_log,
+            workers=args.workers,
+        )
     return 0
+
+
+@contextlib.contextmanager
+def _finishing_background_work(pipeline: Any) -> Iterator[None]:
+    """Before the process exits, let a tokenizer backend still building in a thread finish: a thread inside
+    native code when the interpreter shuts down is unwound by force, which aborts the process (SIGABRT)."""
+    try:
+        yield
+    finally:
+        if pipeline is not None:
+            pipeline.wait_until_ready(timeout=120)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -163,7 +176,8 @@ def _run_route(args: argparse.Namespace) -> int:
             "router without a model: it routes by load only and never forwards ids; policy %s", args.policy
         )
     app = create_router_app(pipeline, settings, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
-    run_server(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    with _finishing_background_work(pipeline):
+        run_server(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
     return 0
 
 
