@@ -21,7 +21,7 @@ from tokenfront.core.families import GENERIC, family_for, kimi_k3
 from tokenfront.core.render import RenderPipeline
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import ChatCompletionRequest
-from tokenfront.server.app import ServerMetrics
+from tokenfront.server.metrics import ServerMetrics
 from tokenfront.worker.service import WorkerMetrics, WorkerService, usage_prompt_tokens
 
 CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there!"}]}

@@ -18,8 +18,8 @@ from tokenizers import Tokenizer
 from tokenfront.core.render import RenderPipeline
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
-from tokenfront.server.app import ServerMetrics
 from tokenfront.server.errors import APIError
+from tokenfront.server.metrics import ServerMetrics
 from tokenfront.worker.service import NAMED_TOOL_WITH_IDS, WorkerMetrics, WorkerService
 
 TOOL = {

@@ -24,7 +24,7 @@ from tokenfront.server.middleware import AuthAndMetrics
 from tokenfront.server.models import ModelNames, models_body
 from tokenfront.server.responses import JSONBytesResponse
 
-__all__ = ["SCHEMA_VERSION", "ServerInfo", "ServerMetrics", "TokenfrontApp", "create_app", "pipeline_info"]
+__all__ = ["SCHEMA_VERSION", "ServerInfo", "TokenfrontApp", "create_app", "pipeline_info"]
 
 SCHEMA_VERSION = 1
 # A provider of the role-specific part of `/server_info`.

@@ -40,12 +40,10 @@ async def unless_disconnected(
     request: Request,
     *,
     on_disconnect: Callable[[], None] | None = None,
-    abandon: Callable[[_T], Awaitable[None]] | None = None,
 ) -> _T:
     """Await `work`, unless the client leaves first: then cancel it and raise `ClientDisconnected`.
 
-    `on_disconnect` runs first, before `work` is cancelled (to stop what it waits for, for its own reason);
-    `abandon` is given a result that was ready anyway when the client left (e.g. a stream to close).
+    `on_disconnect` runs first, before `work` is cancelled (to stop what it waits for, for its own reason).
     """
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
@@ -62,9 +60,7 @@ async def unless_disconnected(
         on_disconnect()
     task.cancel()
     with contextlib.suppress(BaseException):
-        result = await task
-        if abandon is not None:
-            await abandon(result)
+        await task
     raise ClientDisconnected
 
 

@@ -36,9 +36,9 @@ from tokenfront.core.reasoning import ReasoningStream, reasoning_ended
 from tokenfront.core.render import RenderPipeline
 from tokenfront.core.tool_calls import ToolCallParser
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
-from tokenfront.server.app import ServerMetrics
 from tokenfront.server.disconnect import ClientDisconnected, client_disconnected_response, unless_disconnected
 from tokenfront.server.errors import APIError, error_body
+from tokenfront.server.metrics import ServerMetrics
 from tokenfront.server.models import check_model
 from tokenfront.server.request_ids import chat_request_id, completion_request_id
 from tokenfront.server.responses import JSONBytesResponse
