@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+TOKENIZER_MODES = ("auto", "hf", "mistral")
+
+
 @dataclass(frozen=True)
 class RenderOptions:
     """Everything that decides how a request becomes ids, besides the request itself."""
@@ -23,6 +26,9 @@ class RenderOptions:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # How text is encoded, not what it encodes to: every backend gives the same ids (not fingerprinted).
     tokenizer_backend: str = "auto"
+    # Which tokenizer and chat format (vLLM's spelling): `hf` (transformers + the Jinja chat template),
+    # `mistral` (mistral-common's tokenizer and request encoder), `auto` (mistral where vLLM's auto picks it).
+    tokenizer_mode: str = "auto"
 
 
 def add_render_arguments(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
@@ -70,6 +76,14 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, model_required: boo
         help="encoder of the tokenizer (same ids by contract; auto: fastokens when it agrees with tokenizers "
         "on a start-up probe, else tokenizers)",
     )
+    group.add_argument(
+        "--tokenizer-mode",
+        choices=TOKENIZER_MODES,
+        default="auto",
+        help="hf: transformers tokenizer and chat template; mistral: mistral-common's tokenizer (tekken.json or "
+        "tokenizer.model.vN) and request encoder, as vLLM's --tokenizer-mode mistral; auto (default): mistral "
+        "where vLLM's auto picks it (consolidated*.safetensors with a Mistral tokenizer file), else hf",
+    )
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -95,4 +109,5 @@ def options_from_args(args: argparse.Namespace) -> RenderOptions:
         allow_request_chat_template=args.allow_request_chat_template,
         default_chat_template_kwargs=dict(args.default_chat_template_kwargs or {}),
         tokenizer_backend=args.tokenizer_backend,
+        tokenizer_mode=args.tokenizer_mode,
     )

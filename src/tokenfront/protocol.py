@@ -104,6 +104,8 @@ class ChatCompletionRequest(_GenerationFields):
     documents: list[dict[str, Any]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's values; Harmony (gpt-oss) and mistral-common read it, templates see it only via chat_template_kwargs.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     prompt_token_ids: list[int] | None = None

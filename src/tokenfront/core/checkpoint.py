@@ -77,6 +77,8 @@ class Checkpoint:
     generation_config: dict[str, Any] = field(default_factory=dict)
     remote_code: bool = False
     source: str = ""
+    # `hf` (a transformers tokenizer and the chat template) or `mistral` (mistral-common's; see families.mistral).
+    tokenizer_mode: str = "hf"
 
     @property
     def model_type(self) -> str | None:
@@ -271,8 +273,10 @@ def load_checkpoint(
     tokenizer: str | None = None,
     chat_template: str | None = None,
     trust_remote_code: bool = False,
+    tokenizer_mode: str = "auto",
 ) -> Checkpoint:
     """Load everything rendering needs from a checkpoint (and an optional separate tokenizer)."""
+    from tokenfront.core.families import mistral  # imported here: families import this module
     if model is None and tokenizer is None:
         raise CheckpointError("no --model (or --tokenizer) given: there is nothing to render with")
     model_path, source = resolve_folder(model, what="model") if model else (None, "")
@@ -293,6 +297,11 @@ def load_checkpoint(
         else {}
     )
     remote_code = trust_remote_code and has_remote_code(config, tokenizer_config, processor or {})
+    mode = mistral.resolve_tokenizer_mode(tokenizer_path, tokenizer_mode)
+    if mode == "mistral":
+        loaded = mistral.load_tokenizer(tokenizer_path)
+    else:
+        loaded = load_tokenizer(tokenizer_path, trust_remote_code=trust_remote_code)
     templates = load_chat_templates(tokenizer_path, chat_template)
     if templates is None and model_path is not None and model_path != tokenizer_path:
         templates = load_chat_templates(model_path, None)
@@ -300,12 +309,13 @@ def load_checkpoint(
         model_path=model_path,
         tokenizer_path=tokenizer_path,
         config=config,
-        tokenizer=load_tokenizer(tokenizer_path, trust_remote_code=trust_remote_code),
+        tokenizer=loaded,
         chat_templates=templates,
         processor=processor,
         generation_config=generation,
         remote_code=remote_code,
         source=source or f"local:{tokenizer_path}",
+        tokenizer_mode=mode,
     )
 
 

@@ -97,6 +97,7 @@ _COMPONENT_LABELS = {
     "model_type": "model type",
     "processor": "prompt processor",
     "chat_templates": "chat template",
+    "chat_format": "chat format (Harmony / mistral-common)",
     "tokenizer.class": "tokenizer class",
     "tokenizer.model": "tokenizer model",
     "tokenizer.vocab": "tokenizer vocabulary",
@@ -362,9 +363,16 @@ def build_fingerprint(
     default_chat_template_kwargs: dict[str, Any],
     remote_code: bool,
     info: dict[str, Any],
+    chat_format: dict[str, Any] | None = None,
+    tokenizer_part: tuple[dict[str, Any], list[str]] | None = None,
 ) -> Fingerprint:
-    """Compute the fingerprint of one rendering configuration."""
-    tokenizer_part, incomplete = tokenizer_components(tokenizer)
+    """Compute the fingerprint of one rendering configuration.
+
+    `chat_format`: what builds chat prompts instead of a template (Harmony, mistral-common), with its version;
+    `tokenizer_part`: the tokenizer's components when the family identifies its tokenizer itself.
+    """
+    tokenizer_components_, incomplete = tokenizer_part or tokenizer_components(tokenizer)
+    incomplete = list(incomplete)
     if remote_code and not any("trust-remote-code" in reason for reason in incomplete):
         incomplete.append("the checkpoint's own code was loaded with --trust-remote-code")
     compared = {
@@ -372,7 +380,8 @@ def build_fingerprint(
         "model_type": model_type,
         "processor": _processor_component(processor),
         "chat_templates": {name: sha256_text(text) for name, text in sorted((chat_templates or {}).items())},
-        "tokenizer": tokenizer_part,
+        "chat_format": chat_format,
+        "tokenizer": tokenizer_components_,
         "options": {
             "prompt_mode_reasoning_parser": prompt_mode_reasoning_parser,
             "forced_tool_call_prefix": forced_tool_call_prefix,

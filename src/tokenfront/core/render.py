@@ -13,6 +13,7 @@ from typing import Any
 
 from tokenfront.core.checkpoint import Checkpoint, load_checkpoint
 from tokenfront.core.errors import CheckpointError, RenderError
+from tokenfront.core.families import ChatFormat, chat_format_for
 from tokenfront.core.fingerprint import Fingerprint, build_fingerprint
 from tokenfront.core.messages import normalize_messages
 from tokenfront.core.reasoning import ReasoningParser, get_reasoning_parser, reasoning_ended
@@ -90,6 +91,8 @@ class RenderPipeline:
         self.vocab_size = len(checkpoint.tokenizer)
         self.served_model_names = options.served_model_name or (checkpoint.default_name,)
         self._special_tokens = dict(checkpoint.tokenizer.special_tokens_map)
+        # Harmony (gpt-oss) and mistral-common build chat prompts themselves; every other model, its template.
+        self.chat_format: ChatFormat | None = chat_format_for(checkpoint)
         self.fingerprint = self._build_fingerprint()
         # Compile the checkpoint's templates now: a broken template is a start-up error, not a per-request one.
         self._templates = {
@@ -107,6 +110,7 @@ class RenderPipeline:
             tokenizer=options.tokenizer,
             chat_template=options.chat_template,
             trust_remote_code=options.trust_remote_code,
+            tokenizer_mode=options.tokenizer_mode,
         )
         return cls(checkpoint, options, build_backend_in_background=build_backend_in_background)
 
@@ -132,10 +136,12 @@ class RenderPipeline:
                 "add_generation_prompt (true by default): set add_generation_prompt to false",
                 param="continue_final_message",
             )
-        template = self._template_for(request)
         kwargs = self._template_kwargs(request)
         if body is None:
             body = request.model_dump(exclude_unset=True)
+        if self.chat_format is not None:
+            return self._render_chat_format(self.chat_format, request, body, kwargs)
+        template = self._template_for(request)
         messages = normalize_messages(
             body["messages"],
             content_format=template.content_format,
@@ -154,6 +160,27 @@ class RenderPipeline:
             token_ids=self._truncate(ids, request.truncate_prompt_tokens),
             prompt_text=text,
             reasoning_ended=reasoning_ended(self.reasoning_parser, text),
+            chat_template_kwargs=kwargs,
+        )
+
+    def _render_chat_format(
+        self,
+        chat_format: ChatFormat,
+        request: ChatCompletionRequest,
+        body: dict[str, Any],
+        kwargs: dict[str, Any],
+    ) -> RenderedPrompt:
+        if request.chat_template is not None:
+            raise RenderError(
+                f"this model's chat prompts are built by {chat_format.name}, not by a chat template: "
+                "remove chat_template",
+                param="chat_template",
+            )
+        formatted = chat_format.render_chat(request, body, kwargs)
+        return RenderedPrompt(
+            token_ids=self._truncate(formatted.token_ids, request.truncate_prompt_tokens),
+            prompt_text=formatted.prompt_text,
+            reasoning_ended=reasoning_ended(self.reasoning_parser, formatted.prompt_text),
             chat_template_kwargs=kwargs,
         )
 
@@ -255,7 +282,9 @@ class RenderPipeline:
 
     def _build_fingerprint(self) -> Fingerprint:
         parser = self.reasoning_parser
-        templates = self.checkpoint.chat_templates
+        chat_format = self.chat_format
+        # A chat format replaces the template: the folder's template (gpt-oss ships one) decides nothing.
+        templates = self.checkpoint.chat_templates if chat_format is None else None
         return build_fingerprint(
             model_type=self.checkpoint.model_type,
             processor=self.checkpoint.processor,
@@ -267,6 +296,8 @@ class RenderPipeline:
             else None,
             default_chat_template_kwargs=dict(self.options.default_chat_template_kwargs),
             remote_code=self.checkpoint.remote_code,
+            chat_format=chat_format.fingerprint_component() if chat_format else None,
+            tokenizer_part=chat_format.tokenizer_components() if chat_format else None,
             info={
                 "versions": _library_versions(),
                 "tokenizer_backend": self.backend.name,
@@ -277,6 +308,7 @@ class RenderPipeline:
                 if self.checkpoint.tokenizer_path
                 else None,
                 "chat_template_origin": templates.origin if templates else None,
+                "tokenizer_mode": self.checkpoint.tokenizer_mode,
             },
         )
 

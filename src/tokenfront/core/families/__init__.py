@@ -4,6 +4,10 @@ One module per family that needs more than its template, and one registry keyed 
 `model_type`. A family is a frozen record of small hooks; every model type without an entry gets the
 generic family, whose hooks do nothing. The worker asks its family how to count usage; the router asks
 whether ids rendered elsewhere may ever be forwarded to a worker of this family.
+
+Two families are not rendered by a Jinja chat template at all: gpt-oss (`gpt_oss`, the Harmony format) and
+Mistral checkpoints in `--tokenizer-mode mistral` (mistral-common's request encoder). Each provides a
+`ChatFormat`; `chat_format_for` picks it, and the pipeline calls it in place of template + tokenizer.
 """
 
 from __future__ import annotations
@@ -11,10 +15,15 @@ from __future__ import annotations
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tokenfront.core.families import kimi_k3
+from tokenfront.core.families import gpt_oss, kimi_k3, mistral
 
-__all__ = ["FAMILIES", "GENERIC", "ModelFamily", "family_for"]
+if TYPE_CHECKING:
+    from tokenfront.core.checkpoint import Checkpoint
+    from tokenfront.protocol import ChatCompletionRequest
+
+__all__ = ["FAMILIES", "GENERIC", "ChatFormat", "FormattedChat", "ModelFamily", "chat_format_for", "family_for"]
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -55,3 +64,42 @@ FAMILIES: Mapping[str, ModelFamily] = types.MappingProxyType(
 def family_for(model_type: str | None) -> ModelFamily:
     """The family of a checkpoint's `model_type` (the generic family when it has no entry)."""
     return FAMILIES.get(model_type or "", GENERIC)
+
+
+@dataclass(frozen=True)
+class FormattedChat:
+    """A chat prompt built by a `ChatFormat`: its ids, and its text (special tokens spelled out)."""
+
+    token_ids: list[int]
+    prompt_text: str
+
+
+class ChatFormat(Protocol):
+    """Builds chat prompts in place of a Jinja chat template (Harmony for gpt-oss, mistral-common)."""
+
+    name: str
+
+    def render_chat(
+        self, request: ChatCompletionRequest, body: Mapping[str, Any], template_kwargs: Mapping[str, Any]
+    ) -> FormattedChat:
+        """The ids the mainstream servers compute for this request (before truncation); a client mistake
+        raises `RenderError` (a 400)."""
+        ...
+
+    def fingerprint_component(self) -> dict[str, Any]:
+        """The `chat_format` component of the fingerprint: what builds the prompt, and its version."""
+        ...
+
+    def tokenizer_components(self) -> tuple[dict[str, Any], list[str]] | None:
+        """The tokenizer's part of the fingerprint and why it is incomplete, when the generic one (which reads
+        a transformers tokenizer's tokenizer.json) cannot identify this tokenizer; None to use the generic."""
+        ...
+
+
+def chat_format_for(checkpoint: Checkpoint) -> ChatFormat | None:
+    """The chat format of a loaded checkpoint, or None when its chat template renders chat."""
+    if checkpoint.tokenizer_mode == "mistral":
+        return mistral.MistralChatFormat(checkpoint)
+    if checkpoint.model_type == gpt_oss.MODEL_TYPE:
+        return gpt_oss.HarmonyChatFormat(checkpoint)
+    return None
