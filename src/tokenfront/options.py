@@ -7,7 +7,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-
 TOKENIZER_MODES = ("auto", "hf", "mistral")
 
 
