@@ -9,7 +9,7 @@ VLLM_PEER ?= $(HOME)/.cache/tokenfront-peers/vllm
 RENDER_PORT ?= 8100
 
 .PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-http bench-router \
-	bench-prefill bench-routing peer-vllm clean
+	bench-prefill bench-routing peer-vllm compare-vllm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,12 @@ bench: install-test
 # tokenfront render against vLLM's CPU render server over HTTP, in one run (vLLM when `make peer-vllm` ran).
 bench-http: install-test
 	$(BIN)/python -m benchmarks.render_http --workers 1,2 $(if $(wildcard $(VLLM_PEER)/bin/vllm),--vllm $(VLLM_PEER))
+
+# Same requests, same ids? gpt-oss (Harmony) and Mistral (tekken, mistral-common) rendered by tokenfront and by
+# vLLM 0.33's render server side by side (needs `make peer-vllm`; not CI).
+compare-vllm: install-test
+	$(BIN)/tokenfront fixtures --only gptoss gptoss-bare mistral-tekken
+	$(BIN)/python -m benchmarks.compare_vllm --vllm $(VLLM_PEER)
 
 # The router's own added latency over a direct worker call.
 bench-router: install-test

@@ -130,18 +130,25 @@ def launch_tokenfront(
 
 
 def launch_vllm_render(
-    venv: Path, model: str, *, log_dir: Path, extra_args: Sequence[str] = (), name: str = "vllm"
+    venv: Path,
+    model: str,
+    *,
+    log_dir: Path,
+    extra_args: Sequence[str] = (),
+    name: str = "vllm",
+    env: dict[str, str] | None = None,
 ) -> Server:
-    """vLLM's CPU render server: `VENV/bin/vllm launch render MODEL --host 127.0.0.1 --port P`, offline."""
+    """vLLM's CPU render server: `VENV/bin/vllm launch render MODEL --host 127.0.0.1 --port P`, offline;
+    `env` adds to its environment."""
     port = free_port()
     command = [str(venv / "bin" / "vllm"), "launch", "render", model, "--host", HOST, "--port", str(port)]
-    env = {
+    environment = {
         "VLLM_TARGET_DEVICE": "cpu",
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-    return launch(name, [*command, *extra_args], port=port, log_dir=log_dir, env=env)
+    return launch(name, [*command, *extra_args], port=port, log_dir=log_dir, env={**environment, **(env or {})})
 
 
 def wait_healthy(servers: Iterable[Server], timeout: float = 300.0, interval: float = 0.05) -> None:
