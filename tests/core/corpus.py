@@ -600,6 +600,18 @@ COMPLETIONS: list[Case] = [
     Case("ids", {"prompt": [785, 6722, 315, 9625, 374]}),
     Case("id_lists", {"prompt": [[1, 2, 3], [100, 2000, 30000], [0]]}),
     Case("ids_truncated", {"prompt": [5, 6, 7, 8, 9], "truncate_prompt_tokens": 2}),
+    # A BOS-adding tokenizer keeps BOS and the text's last ids (transformers' and vLLM's left truncation).
+    Case("string_truncated", {"prompt": "one two three four five six seven", "truncate_prompt_tokens": 3}),
+    (
+        Case(
+            "string_truncated_no_special_tokens",
+            {
+                "prompt": "one two three four five six",
+                "truncate_prompt_tokens": 2,
+                "add_special_tokens": False,
+            },
+        )
+    ),
 ]
 
 assert len(CHAT) >= 30

@@ -76,8 +76,8 @@ def reference_chat(folder: Path | str, body: dict[str, Any], chat_template: str 
         )
     except Exception as exc:  # any failure of the reference means "does not render"
         return Reference(ids=None, error=exc)
-    ids = tokenizer(text, add_special_tokens=bool(body.get("add_special_tokens", False)))["input_ids"]
-    return Reference(ids=_truncate(list(ids), body.get("truncate_prompt_tokens")), text=text)
+    ids = _encode(tokenizer, text, bool(body.get("add_special_tokens", False)), body.get("truncate_prompt_tokens"))
+    return Reference(ids=ids, text=text)
 
 
 def reference_completion(folder: Path | str, body: dict[str, Any]) -> list[Reference]:
@@ -96,11 +96,24 @@ def reference_completion(folder: Path | str, body: dict[str, Any]) -> list[Refer
     out = []
     for item in items:
         if isinstance(item, str):
-            ids = tokenizer(item, add_special_tokens=add_special)["input_ids"]
-            out.append(Reference(ids=_truncate(list(ids), keep), text=item))
+            out.append(Reference(ids=_encode(tokenizer, item, add_special, keep), text=item))
         else:
             out.append(Reference(ids=_truncate(list(item), keep)))
     return out
+
+
+def _encode(tokenizer: Any, text: str, add_special_tokens: bool, keep: int | None) -> list[int]:
+    """transformers' ids, truncated by transformers itself as vLLM asks it to (from the left, the special
+    tokens it adds counted in the budget and kept)."""
+    if keep is None or keep == -1:
+        return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+    side = tokenizer.truncation_side
+    tokenizer.truncation_side = "left"
+    try:
+        encoded = tokenizer(text, add_special_tokens=add_special_tokens, truncation=True, max_length=keep)
+    finally:
+        tokenizer.truncation_side = side
+    return list(encoded["input_ids"])
 
 
 def _truncate(ids: list[int], keep: int | None) -> list[int]:

@@ -27,11 +27,21 @@ from tokenfront.core.templates import compile_template
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 
-CHECKPOINTS = list(fixtures.CHECKPOINTS)
+
+def _model_type(name: str) -> str | None:
+    source = fixtures.CHECKPOINTS[name]
+    return source.config.get("model_type") or (_model_type(source.base) if source.base else None)
+
+
+# gpt-oss checkpoints (model_type gpt_oss) are not rendered by their chat template: tokenfront renders them in
+# the Harmony format, as vLLM does, and test_gpt_oss.py checks them against oss-harmony instead. Their llama.cpp
+# template stays covered here, on the same tokenizer in a folder of no model type (GPTOSS_TEMPLATE_CHECKPOINT).
+CHECKPOINTS = [name for name in fixtures.CHECKPOINTS if _model_type(name) != "gpt_oss"]
+GPTOSS_TEMPLATE_CHECKPOINT = "gptoss-tokenizer-only"
 
 # llama.cpp template -> the fixture tokenizer that fits it best (first matching rule; qwen3 is the generic BPE).
 _PAIRING: tuple[tuple[str, str], ...] = (
-    ("gpt-oss", "gptoss"),
+    ("gpt-oss", GPTOSS_TEMPLATE_CHECKPOINT),
     ("gemma", "gemma3"),
     ("distill-qwen", "deepseek_v3"),
     ("distill-llama", "llama3"),
@@ -264,6 +274,12 @@ def sweep(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> ParitySweep:
     parity = ParitySweep(checkpoint, parity_outcomes)
+    parity.add_checkpoint(
+        GPTOSS_TEMPLATE_CHECKPOINT,
+        _tokenizer_only_checkpoint(
+            checkpoint("gptoss-bare"), tmp_path_factory.mktemp(GPTOSS_TEMPLATE_CHECKPOINT)
+        ),
+    )
     if {DEFAULT_TEMPLATE, TOOL_USE_TEMPLATE} <= set(TEMPLATE_FILES):
         for variant in NAMED_TEMPLATE_VARIANTS:
             folder = _named_templates_checkpoint(
@@ -271,6 +287,13 @@ def sweep(
             )
             parity.add_checkpoint(variant, folder)
     return parity
+
+
+def _tokenizer_only_checkpoint(base: Path, folder: Path) -> Path:
+    # The tokenizer files alone: no config.json, so no model type and no Harmony; templates render as usual.
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).symlink_to(base / name)
+    return folder
 
 
 def _named_templates_checkpoint(base: Path, folder: Path, variant: str) -> Path:
@@ -420,7 +443,7 @@ def test_reference_text_examples(sweep: ParitySweep) -> None:
 
 def test_template_pairing() -> None:
     assert checkpoint_for_template("Qwen3-Coder") == "qwen3"
-    assert checkpoint_for_template("openai-gpt-oss-120b") == "gptoss"
+    assert checkpoint_for_template("openai-gpt-oss-120b") == GPTOSS_TEMPLATE_CHECKPOINT
     assert checkpoint_for_template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B") == "deepseek_v3"
     assert checkpoint_for_template("deepseek-ai-DeepSeek-R1-Distill-Llama-8B") == "llama3"
     assert checkpoint_for_template("meta-llama-Llama-3.3-70B-Instruct") == "llama3_1"

@@ -24,7 +24,7 @@ LLAMA3 = get_tool_call_parser("llama3_json")
 
 
 def test_registry_and_aliases() -> None:
-    assert set(TOOL_CALL_PARSERS) == {"hermes", "llama3_json"}
+    assert set(TOOL_CALL_PARSERS) == {"hermes", "llama3_json", "mistral", "openai"}
     assert TOOL_CALL_PARSERS["hermes"] is HERMES
     assert get_tool_call_parser("qwen25") is HERMES
     assert get_tool_call_parser("llama3-json") is LLAMA3
@@ -34,9 +34,9 @@ def test_registry_and_aliases() -> None:
 
 def test_unknown_tool_call_parser_names_the_known_ones() -> None:
     with pytest.raises(UnknownParserError) as caught:
-        get_tool_call_parser("mistral")
+        get_tool_call_parser("pythonic")
     message = str(caught.value)
-    assert message.startswith("unknown tool-call parser 'mistral'")
+    assert message.startswith("unknown tool-call parser 'pythonic'")
     assert "hermes" in message
     assert "llama3_json" in message
     assert isinstance(caught.value, ValueError)

@@ -73,6 +73,18 @@ class ReasoningParser:
     aliases: tuple[str, ...] = ()
     thinking_kwargs: tuple[str, ...] = ()
     thinks_by_default: bool = False
+    # The markers are special tokens: generated text must be decoded with special tokens kept.
+    markers_are_special_tokens: bool = False
+    # Markers that end reasoning and stay in the content (a tool call started from inside reasoning).
+    content_markers: tuple[str, ...] = ()
+    # Whitespace at the end of the reasoning is dropped (Mistral's "[THINK]...\n[/THINK]").
+    strips_trailing_whitespace: bool = False
+    # Reasoning blocks may open anywhere in the output, more than once: the output starts as content, a
+    # stray end marker is dropped and a repeated start marker inside reasoning too (vLLM's Mistral parser).
+    markers_anywhere: bool = False
+    # The output is OpenAI Harmony (gpt-oss): channels, not these markers, say what is reasoning, and
+    # core/harmony_output.py reads it. The markers only serve the prompt-tail rule.
+    harmony: bool = False
 
     def fingerprint_component(self) -> dict[str, str] | None:
         """The part of this parser that the rendering fingerprint compares (SPEC §5).
@@ -100,6 +112,24 @@ REASONING_PARSERS: Mapping[str, ReasoningParser] = types.MappingProxyType(
             ReasoningParser("glm45", *_THINK),
             ReasoningParser("poolside_v1", *_THINK, reads_mode_from_prompt=True, aliases=("laguna",)),
             ReasoningParser("minimax_m3", "<mm:think>", "</mm:think>", reads_mode_from_prompt=True),
+            # Mistral (Magistral, tokenizer v13+): [THINK] opens reasoning, a call may start inside it.
+            ReasoningParser(
+                "mistral",
+                "[THINK]",
+                "[/THINK]",
+                markers_are_special_tokens=True,
+                content_markers=("[TOOL_CALLS]",),
+                strips_trailing_whitespace=True,
+                markers_anywhere=True,
+            ),
+            # gpt-oss: the analysis channel is reasoning (vLLM's name; its tool-call parser is "openai").
+            ReasoningParser(
+                "openai_gptoss",
+                "<|channel|>analysis<|message|>",
+                "<|end|>",
+                markers_are_special_tokens=True,
+                harmony=True,
+            ),
         )
     }
 )
@@ -267,9 +297,22 @@ class ReasoningStream:
             parser, prompt_reasoning_ended=prompt_reasoning_ended, chat_template_kwargs=chat_template_kwargs
         )
         self._phase = _FIRST_PHASE[start]
+        if parser.markers_anywhere and self._phase is _Phase.UNDECIDED:
+            self._phase = _Phase.CONTENT  # content watches for markers itself
+        # What ends reasoning, the first one found winning; a repeated start marker is dropped.
+        self._closers = (
+            parser.end,
+            *parser.content_markers,
+            *((parser.start,) if parser.markers_anywhere else ()),
+        )
         self._pending = ""
         self._reasoning: list[str] = []
         self._content: list[str] = []
+
+    @property
+    def parser(self) -> ReasoningParser:
+        """The parser whose markers this stream splits on."""
+        return self._parser
 
     @property
     def in_reasoning(self) -> bool:
@@ -301,8 +344,26 @@ class ReasoningStream:
             return self._step_reasoning_opening(final)
         if self._phase is _Phase.REASONING:
             return self._step_reasoning(final)
-        self._content.append(self._pending)
-        self._pending = ""
+        return self._step_content(final)
+
+    def _step_content(self, final: bool) -> bool:
+        if not self._parser.markers_anywhere:
+            self._content.append(self._pending)
+            self._pending = ""
+            return False
+        start, end = self._parser.start, self._parser.end
+        found = [(at, marker) for marker in (start, end) if (at := self._pending.find(marker)) >= 0]
+        if found:
+            at, marker = min(found)
+            self._content.append(self._pending[:at])
+            self._pending = self._pending[at + len(marker) :]
+            if marker == start:
+                self._phase = _Phase.REASONING
+            return True  # a stray end marker is dropped
+        held = 0 if final else max(_partial_marker_length(self._pending, m) for m in (start, end))
+        cut = len(self._pending) - held
+        self._content.append(self._pending[:cut])
+        self._pending = self._pending[cut:]
         return False
 
     def _step_undecided(self, final: bool) -> bool:
@@ -333,16 +394,27 @@ class ReasoningStream:
         return True
 
     def _step_reasoning(self, final: bool) -> bool:
-        end = self._parser.end
-        at = self._pending.find(end)
-        if at >= 0:
-            self._reasoning.append(self._pending[:at])
-            self._pending, self._phase = self._pending[at + len(end) :], _Phase.CONTENT
+        parser = self._parser
+        found = [(at, marker) for marker in self._closers if (at := self._pending.find(marker)) >= 0]
+        if found:
+            at, marker = min(found)
+            reasoning = self._pending[:at]
+            if marker == parser.start:  # repeated inside reasoning: dropped
+                self._reasoning.append(reasoning)
+                self._pending = self._pending[at + len(marker) :]
+                return True
+            self._reasoning.append(reasoning.rstrip() if parser.strips_trailing_whitespace else reasoning)
+            # The end marker is dropped; a content marker starts the content.
+            after = at + len(marker) if marker == parser.end else at
+            self._pending, self._phase = self._pending[after:], _Phase.CONTENT
             return True
-        held = 0 if final else _partial_marker_length(self._pending, end)
+        held = 0 if final else max(_partial_marker_length(self._pending, marker) for marker in self._closers)
         cut = len(self._pending) - held
+        if parser.strips_trailing_whitespace:
+            # Held back until more reasoning follows it; dropped at the end of the output.
+            cut = len(self._pending[:cut].rstrip())
         self._reasoning.append(self._pending[:cut])
-        self._pending = self._pending[cut:]
+        self._pending = "" if final else self._pending[cut:]
         return False
 
 

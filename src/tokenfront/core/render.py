@@ -155,9 +155,12 @@ class RenderPipeline:
             continue_final_message=request.continue_final_message,
             variables={**self._special_tokens, **kwargs},
         )
-        ids = self._encode(text, add_special_tokens=bool(request.add_special_tokens), param="messages")
+        add_special = bool(request.add_special_tokens)
+        ids = self._encode(text, add_special_tokens=add_special, param="messages")
         return RenderedPrompt(
-            token_ids=self._truncate(ids, request.truncate_prompt_tokens),
+            token_ids=self._truncate(
+                ids, request.truncate_prompt_tokens, text=text, add_special_tokens=add_special
+            ),
             prompt_text=text,
             reasoning_ended=reasoning_ended(self.reasoning_parser, text),
             chat_template_kwargs=kwargs,
@@ -177,8 +180,10 @@ class RenderPipeline:
                 param="chat_template",
             )
         formatted = chat_format.render_chat(request, body, kwargs)
+        # vLLM 0.33 does not truncate Harmony chat prompts (it never reads truncate_prompt_tokens there).
+        keep = request.truncate_prompt_tokens if chat_format.truncates_prompt else None
         return RenderedPrompt(
-            token_ids=self._truncate(formatted.token_ids, request.truncate_prompt_tokens),
+            token_ids=self._truncate(formatted.token_ids, keep),
             prompt_text=formatted.prompt_text,
             reasoning_ended=reasoning_ended(self.reasoning_parser, formatted.prompt_text),
             chat_template_kwargs=kwargs,
@@ -240,7 +245,9 @@ class RenderPipeline:
                 raise RenderError(f"{param} renders to no tokens; send some text", param=param)
             rendered.append(
                 RenderedPrompt(
-                    token_ids=self._truncate(ids, request.truncate_prompt_tokens),
+                    token_ids=self._truncate(
+                        ids, request.truncate_prompt_tokens, text=text, add_special_tokens=add_special
+                    ),
                     prompt_text=text,
                     prompt=prompt,
                 )
@@ -273,12 +280,30 @@ class RenderPipeline:
         """Whether `model` (absent means the served model) names this model."""
         return model is None or model in self.served_model_names
 
-    def _truncate(self, ids: list[int], keep: int | None) -> list[int]:
+    def _truncate(
+        self, ids: list[int], keep: int | None, *, text: str | None = None, add_special_tokens: bool = False
+    ) -> list[int]:
+        """`truncate_prompt_tokens`: keep the last `keep` ids (-1: the model's maximum length).
+
+        As the tokenizer truncates (transformers' `truncation_side="left"`, which vLLM uses): the ids the
+        tokenizer adds around encoded text (BOS, EOS) stay, and the text's own ids are cut to make room, so a
+        BOS-adding tokenizer keeps BOS plus the last `keep - 1` ids of the text.
+        """
         if keep is None:
             return ids
         if keep == -1:
             keep = int(getattr(self.tokenizer, "model_max_length", 0) or 0) or len(ids)
-        return ids[-keep:] if len(ids) > keep else ids
+        if len(ids) <= keep:
+            return ids
+        if text is not None and add_special_tokens:
+            plain = self._encode(text, add_special_tokens=False, param="prompt")
+            added = len(ids) - len(plain)
+            for start in range(added + 1) if added > 0 else ():
+                if ids[start : start + len(plain)] == plain:
+                    prefix, suffix = ids[:start], ids[start + len(plain) :]
+                    room = max(keep - added, 0)
+                    return [*prefix, *(plain[-room:] if room else []), *suffix]
+        return ids[-keep:]
 
     def _build_fingerprint(self) -> Fingerprint:
         parser = self.reasoning_parser

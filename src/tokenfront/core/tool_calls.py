@@ -11,7 +11,9 @@ prompt ids, so the rendering fingerprint hashes ``fingerprint_component()`` (SPE
 from __future__ import annotations
 
 import json
+import re
 import secrets
+import string
 import types
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -22,13 +24,16 @@ from tokenfront.core.reasoning import UnknownParserError, lookup_parser
 
 __all__ = [
     "TOOL_CALL_PARSERS",
+    "HarmonyToolCallParser",
     "HermesToolCallParser",
     "Llama3JsonToolCallParser",
+    "MistralToolCallParser",
     "ParsedToolCalls",
     "ToolCall",
     "ToolCallParser",
     "UnknownParserError",
     "get_tool_call_parser",
+    "make_mistral_tool_call_id",
     "make_tool_call_id",
 ]
 
@@ -39,6 +44,14 @@ _DECODER = json.JSONDecoder()
 def make_tool_call_id() -> str:
     """A new OpenAI-style tool call id: ``call_`` and 24 lowercase hex characters."""
     return "call_" + secrets.token_hex(12)
+
+
+_ALPHANUMERIC = string.ascii_letters + string.digits
+
+
+def make_mistral_tool_call_id() -> str:
+    """A new Mistral tool call id: 9 ASCII letters and digits, the only ids mistral-common accepts back."""
+    return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,8 @@ class ToolCallParser(ABC):
     # The forced-call prefix with ``{name}`` standing for the JSON-encoded function name.
     prefix_template: str
     forced_call_suffix: str
+    # The output is OpenAI Harmony (gpt-oss): core/harmony_output.py reads calls, reasoning and content.
+    harmony: bool = False
 
     def forced_call_prefix(self, function_name: str) -> str:
         """Text appended to the rendered prompt to force a call to ``function_name``.
@@ -235,9 +250,154 @@ class Llama3JsonToolCallParser(ToolCallParser):
         return ParsedToolCalls(content=_content_around([before, text[at:]]), calls=calls)
 
 
+class MistralToolCallParser(ToolCallParser):
+    """Mistral's ``[TOOL_CALLS]`` calls, as vLLM 0.33's ``mistral`` parser reads complete output.
+
+    Two formats, told apart by what follows the first ``[TOOL_CALLS]``: a JSON array of
+    ``{"name", "arguments"}`` objects (or one object; tokenizers before v11), or one or more
+    ``[TOOL_CALLS]name[ARGS]{...}`` (v11 and later; ``name{...}`` without ``[ARGS]`` too). Content is the
+    text before the first marker (v11: stripped); text after the calls is dropped, as vLLM drops it.
+    Unlike vLLM, output whose calls have no name or arguments that are not a JSON object gives no call:
+    it stays content, unchanged (v11: only that call's ``[TOOL_CALLS]`` segment does).
+    """
+
+    name = "mistral"
+    marker = "[TOOL_CALLS]"
+    args_marker = "[ARGS]"
+    # The v11+ format, which current Mistral models write; the name is written as is.
+    prefix_template = "[TOOL_CALLS]{name}[ARGS]"
+    forced_call_suffix = ""
+
+    def forced_call_prefix(self, function_name: str) -> str:
+        """``[TOOL_CALLS]name[ARGS]``: the model's continuation is the arguments object."""
+        return self.prefix_template.replace(_NAME_PLACEHOLDER, function_name)
+
+    def parse(self, text: str) -> ParsedToolCalls:
+        """Find the ``[TOOL_CALLS]`` calls in ``text``."""
+        at = text.find(self.marker)
+        if at < 0:
+            return ParsedToolCalls(content=text or None, calls=[])
+        before, segments = text[:at], text[at + len(self.marker) :].split(self.marker)
+        first = next((segment.strip() for segment in segments if segment.strip()), "")
+        if first.startswith(("[", "{")):
+            calls = self._json_calls(first)
+            content = before if before.strip() else None
+        else:
+            calls, leftovers = self._named_calls(segments)
+            content = (before + "".join(leftovers)).strip() or None
+        if not calls:
+            return ParsedToolCalls(content=text or None, calls=[])
+        return ParsedToolCalls(content=content, calls=calls)
+
+    def _json_calls(self, payload: str) -> list[ToolCall]:
+        """Before v11: the first JSON value after the marker (vLLM's regex fallback included)."""
+        decoded = _decode_object(payload, 0)
+        if decoded is not None:
+            value = decoded[0]
+        else:
+            match = _JSON_ARRAY_OF_OBJECTS.search(payload)
+            try:
+                value = json.loads(match.group(0)) if match else None
+            except ValueError:
+                return []
+        items = [value] if isinstance(value, dict) else value if isinstance(value, list) else []
+        calls = []
+        for item in items:
+            if not isinstance(item, dict) or not ("name" in item or "arguments" in item):
+                continue  # not a call object: vLLM skips it
+            call = self._json_call(item)
+            if call is None:
+                return []
+            calls.append(call)
+        return calls
+
+    def _json_call(self, item: dict[str, Any]) -> ToolCall | None:
+        name, value = item.get("name"), item.get("arguments")
+        if not isinstance(name, str) or not name:
+            return None
+        if value is None:
+            arguments: str | None = "{}"
+        elif isinstance(value, str):
+            # A JSON object in a string is kept as the model wrote it, as vLLM keeps it.
+            arguments = value if _arguments_json(value) is not None else None
+        else:
+            arguments = json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else None
+        return None if arguments is None else ToolCall(name, arguments, id=make_mistral_tool_call_id())
+
+    def _named_calls(self, segments: list[str]) -> tuple[list[ToolCall], list[str]]:
+        """v11+: one call per ``[TOOL_CALLS]`` segment; segments that are not calls stay, marker and all."""
+        calls, leftovers = [], []
+        for segment in segments:
+            if not segment.strip():
+                continue  # a marker with nothing after it
+            call = self._named_call(segment)
+            if call is None:
+                leftovers.append(self.marker + segment)
+            else:
+                calls.append(call)
+        return calls, leftovers
+
+    def _named_call(self, segment: str) -> ToolCall | None:
+        if self.args_marker in segment:
+            name, arguments = segment.split(self.args_marker, 1)
+        elif "{" in segment:
+            brace = segment.index("{")
+            name, arguments = segment[:brace], segment[brace:]
+        else:
+            return None
+        name, arguments = name.strip(), arguments.strip()
+        if not name:
+            return None
+        if not arguments:
+            return ToolCall(name, "{}", id=make_mistral_tool_call_id())
+        decoded = _decode_object(arguments, 0)
+        if decoded is None or not isinstance(decoded[0], dict):
+            return None
+        # The arguments as written; anything after the object is dropped (vLLM's raw_decode).
+        return ToolCall(name, arguments[: decoded[1]], id=make_mistral_tool_call_id())
+
+
+_JSON_ARRAY_OF_OBJECTS = re.compile(r"\[{.*}\]", re.DOTALL)
+
+
+class HarmonyToolCallParser(ToolCallParser):
+    """gpt-oss's Harmony calls: a message to ``functions.NAME`` (vLLM's ``openai`` tool-call parser).
+
+    The worker reads Harmony output, calls included, with ``core.harmony_output.HarmonyStream``; ``parse``
+    serves forced calls, whose prefix opens the call message as Harmony renders one in history.
+    """
+
+    name = "openai"
+    harmony = True
+    prefix_template = "<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+    forced_call_suffix = "<|call|>"
+
+    def forced_call_prefix(self, function_name: str) -> str:
+        """The header of a call message to ``functions.NAME``; the model writes its arguments."""
+        return self.prefix_template.replace(_NAME_PLACEHOLDER, function_name)
+
+    def parse(self, text: str) -> ParsedToolCalls:
+        """The calls in Harmony output; content is its final and preamble text."""
+        # Imported here: harmony_output builds on this module's ToolCall.
+        from tokenfront.core.harmony_output import parse_harmony
+
+        parsed = parse_harmony(text, reasoning=False, tools=True)
+        if not parsed.tool_calls:
+            return ParsedToolCalls(content=text or None, calls=[])
+        return ParsedToolCalls(content=parsed.content.strip() or None, calls=parsed.tool_calls)
+
+
 # Canonical name -> parser. Read-only: parsers are looked up, never registered at runtime.
 TOOL_CALL_PARSERS: Mapping[str, ToolCallParser] = types.MappingProxyType(
-    {parser.name: parser for parser in (HermesToolCallParser(), Llama3JsonToolCallParser())}
+    {
+        parser.name: parser
+        for parser in (
+            HermesToolCallParser(),
+            Llama3JsonToolCallParser(),
+            MistralToolCallParser(),
+            HarmonyToolCallParser(),
+        )
+    }
 )
 
 

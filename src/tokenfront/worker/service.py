@@ -32,6 +32,7 @@ from starlette.responses import StreamingResponse
 
 from tokenfront.core.errors import RenderError
 from tokenfront.core.families import ModelFamily, family_for
+from tokenfront.core.harmony_output import HarmonyStream, reads_harmony
 from tokenfront.core.reasoning import ReasoningStream, reasoning_ended
 from tokenfront.core.render import RenderPipeline
 from tokenfront.core.tool_calls import ToolCallParser
@@ -353,6 +354,8 @@ class WorkerService:
             _ids(generation.get("eos_token_id", config.get("eos_token_id")))
             | _ids(getattr(self.tokenizer, "eos_token_id", None))
         )
+        # gpt-oss's parsers read Harmony channels rather than markers (a start-up error if mixed with others).
+        self.harmony = reads_harmony(pipeline.reasoning_parser, pipeline.tool_call_parser)
         self._guided: Any = None
         self._guided_lock = asyncio.Lock()
 
@@ -421,6 +424,13 @@ class WorkerService:
         if forced is not None and tool_parser is not None:
             # The output is the forced call's arguments: neither reasoning nor content.
             return self._choice_text(request.stop, tools=ForcedToolCall(tool_parser, forced))
+        if self.harmony:
+            # Analysis is reasoning only with a reasoning parser, calls are kept only when the request takes
+            # them; neither ever becomes content (vLLM's HarmonyParser).
+            channels = HarmonyStream(
+                reasoning=self.pipeline.reasoning_parser is not None, tools=self._parses_tools(request)
+            )
+            return self._choice_text(request.stop, harmony=channels)
         reasoning = None
         if self.pipeline.reasoning_parser is not None:
             kwargs = {
@@ -576,11 +586,20 @@ class WorkerService:
         *,
         reasoning: ReasoningStream | None = None,
         tools: ToolCallHold | ForcedToolCall | None = None,
+        harmony: HarmonyStream | None = None,
     ) -> ChoiceText:
         stops = [stop] if isinstance(stop, str) else list(stop or ())
-        # Tool-call markers may be special tokens (vLLM's hermes parser keeps them the same way).
-        decode = self._decode_raw if tools is not None else self.decode
-        return ChoiceText(decode, hidden_ids=self.eos_ids, stop=stops, reasoning=reasoning, tools=tools)
+        # Tool-call markers may be special tokens (vLLM's hermes parser keeps them the same way), as are
+        # Harmony's and some reasoning markers ([THINK]).
+        raw = (
+            tools is not None
+            or harmony is not None
+            or (reasoning is not None and reasoning.parser.markers_are_special_tokens)
+        )
+        decode = self._decode_raw if raw else self.decode
+        return ChoiceText(
+            decode, hidden_ids=self.eos_ids, stop=stops, reasoning=reasoning, tools=tools, harmony=harmony
+        )
 
     def _sampling(
         self, request: Any, prompt_length: int, max_tokens: int | None, logprobs: int | None

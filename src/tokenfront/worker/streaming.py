@@ -4,8 +4,9 @@ Everything here is synchronous and knows no HTTP. One `ChoiceText` per generated
 one at a time, into deltas of reasoning and content that are safe to show: a stop string is never shown
 (text that could be the start of one is held back until the next token tells), a reasoning marker is never
 shown, and content that could be the start of a tool call is held back until the end, when the tool-call
-parser reads the whole output. The streaming and non-streaming paths both feed a `ChoiceText`, so their
-text is identical by construction.
+parser reads the whole output. Harmony output (gpt-oss) is read by its own channel parser instead, which
+says what is reasoning, content and a call. The streaming and non-streaming paths both feed a `ChoiceText`,
+so their text is identical by construction.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from tokenfront.core.harmony_output import HarmonyStream
 from tokenfront.core.reasoning import ReasoningStream
 from tokenfront.core.tool_calls import ToolCall, ToolCallParser
 
@@ -120,6 +122,7 @@ def _partial_suffix_length(text: str, marker: str) -> int:
 _CALL_MARKERS: dict[str, tuple[str, ...]] = {
     "hermes": ("<tool_call>",),
     "llama3_json": ("<|python_tag|>",),
+    "mistral": ("[TOOL_CALLS]",),
 }
 # Parsers whose output is a call when it starts with one of these (after whitespace).
 _CALL_OPENINGS: dict[str, tuple[str, ...]] = {"llama3_json": ("{",)}
@@ -226,6 +229,8 @@ class ChoiceText:
 
     `hidden_ids` (the EOS ids) are never shown. `push` returns what a stream may send now; after a stop
     string, `stopped` is true and further ids are ignored. `finish` returns the rest, the calls included.
+    With `harmony`, that parser alone splits the text (and `reasoning` and `tools` are not given); it needs
+    text decoded with special tokens kept.
     """
 
     def __init__(
@@ -236,12 +241,16 @@ class ChoiceText:
         stop: Collection[str] = (),
         reasoning: ReasoningStream | None = None,
         tools: ToolCallHold | ForcedToolCall | None = None,
+        harmony: HarmonyStream | None = None,
     ) -> None:
+        if harmony is not None and (reasoning is not None or tools is not None):
+            raise ValueError("Harmony output is split by its channel parser alone")
         self._detokenizer = IncrementalDetokenizer(decode)
         self._hidden = frozenset(hidden_ids)
         self._stop = StopStringMatcher(stop)
         self._reasoning = reasoning
         self._tools = tools
+        self._harmony = harmony
         self.text = ""  # all generated text shown to the stop check, before reasoning/tool parsing
 
     @property
@@ -267,6 +276,9 @@ class ChoiceText:
     def _route(self, text: str, *, final: bool) -> TextDelta:
         # `final` comes with no text: it only flushes the reasoning splitter and the tool-call parser.
         self.text += text
+        if self._harmony is not None:
+            out = self._harmony.finish() if final else self._harmony.feed(text)
+            return TextDelta(out.reasoning, out.content, out.tool_calls)
         if self._reasoning is None:
             reasoning, content = "", text
         else:

@@ -78,6 +78,8 @@ class ChatFormat(Protocol):
     """Builds chat prompts in place of a Jinja chat template (Harmony for gpt-oss, mistral-common)."""
 
     name: str
+    # Whether the mainstream server applies a request's truncate_prompt_tokens to these prompts.
+    truncates_prompt: bool
 
     def render_chat(
         self, request: ChatCompletionRequest, body: Mapping[str, Any], template_kwargs: Mapping[str, Any]
