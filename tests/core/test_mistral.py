@@ -340,11 +340,6 @@ def test_completion_corpus(tekken_folder: Path) -> None:
     assert compared == COMPLETION_CASE_COUNT - 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="render.py keeps the last N ids of a completion; vLLM truncates inside the tokenizer, which keeps BOS "
-    "and the last N-1 (a generic completions issue, reported to the pipeline's owner)",
-)
 def test_completion_truncation_keeps_bos_like_vllm(tekken_folder: Path) -> None:
     request = CompletionRequest.model_validate(
         {"prompt": "one two three four five six", "truncate_prompt_tokens": 3}

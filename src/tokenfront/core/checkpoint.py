@@ -33,6 +33,8 @@ RENDER_FILE_PATTERNS = (
     "processor_config.json",
     "preprocessor_config.json",
     "tokenizer.model",
+    "tokenizer.model.v*",
+    "params.json",
     "vocab.json",
     "merges.txt",
     "*.tiktoken",
@@ -47,16 +49,30 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 _JINJA_CHARS = "{}\n"
 
 
+# The name under which `ChatTemplateSource.templates` holds a processor's own template, when the processor's
+# differs from the tokenizer's. (An `additional_chat_templates/processor.jinja` would be shadowed by it.)
+PROCESSOR_TEMPLATE = "processor"
+
+
 @dataclass(frozen=True)
 class ChatTemplateSource:
-    """The effective chat template(s): one unnamed template, or named ones (`default`, `tool_use`, ...)."""
+    """The effective chat template(s): one unnamed template, or named ones (`default`, `tool_use`, ...).
+
+    A checkpoint whose processor carries a template of its own (`processor_config.json`'s `chat_template`, or
+    the legacy `chat_template.json`) that differs from the tokenizer's also holds it, as `PROCESSOR_TEMPLATE`.
+    """
 
     templates: dict[str, str]
     origin: str
 
     def name_for(self, *, has_tools: bool) -> str:
-        """The template a request uses: `tool_use` when tools are given (even `[]`) and it exists,
-        else `default`."""
+        """The template a request uses, in vLLM's order after `--chat-template`: the processor's template
+        unless tools are given (even `[]`); then the tokenizer's `tool_use` when tools are given and it
+        exists, else `default`. With tools and no tokenizer template at all, the processor's (vLLM refuses
+        such a request; transformers' processor renders it with its template)."""
+        tokenizer_has_one = "default" in self.templates or (has_tools and "tool_use" in self.templates)
+        if PROCESSOR_TEMPLATE in self.templates and (not has_tools or not tokenizer_has_one):
+            return PROCESSOR_TEMPLATE
         return "tool_use" if has_tools and "tool_use" in self.templates else "default"
 
     def select(self, *, has_tools: bool) -> str | None:
@@ -138,32 +154,69 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def load_chat_templates(folder: Path | None, override: str | None) -> ChatTemplateSource | None:
-    """Resolve the chat template(s): --chat-template, then the checkpoint's files (SPEC §3)."""
+    """Resolve the chat template(s) (SPEC §3), as vLLM does for a request without its own template.
+
+    `--chat-template` wins. Otherwise the tokenizer's templates, read as transformers' tokenizer reads them:
+    `chat_template.jinja` and `additional_chat_templates/*.jinja` before `tokenizer_config.json`'s entry. A
+    folder with a processor (`processor_config.json` / `preprocessor_config.json`) also has the processor's
+    template, which vLLM prefers when a request has no tools: as transformers' processor loads it,
+    `processor_config.json`'s `chat_template`, else `chat_template.json`, else the same `.jinja` files as
+    the tokenizer. It is kept (as `PROCESSOR_TEMPLATE`) only when it differs from the tokenizer's default.
+    `chat_template.json` in a folder without a processor is read by neither and ignored.
+    """
     if override is not None:
         return ChatTemplateSource({"default": _read_template_option(override)}, origin="--chat-template")
     if folder is None:
         return None
+    templates, origin = _tokenizer_templates(folder)
+    processor_template = _processor_template(folder)
+    if processor_template is not None and processor_template[0] != templates.get("default"):
+        templates[PROCESSOR_TEMPLATE] = processor_template[0]
+        origin = f"{origin or 'none'}; processor: {processor_template[1]}"
+    if not templates:
+        return None
+    return ChatTemplateSource(templates, origin=origin)
+
+
+def _tokenizer_templates(folder: Path) -> tuple[dict[str, str], str]:
+    """The templates transformers' tokenizer loads from a folder, and the file they come from."""
     templates: dict[str, str] = {}
     origin = ""
-    jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
-        templates["default"] = jinja.read_text(encoding="utf-8")
-        origin = "chat_template.jinja"
-    elif (folder / "chat_template.json").is_file():
-        value = read_json(folder / "chat_template.json").get("chat_template")
-        templates.update(_templates_from_config_value(value))
-        origin = "chat_template.json"
-    elif (folder / "tokenizer_config.json").is_file():
+    if (folder / "tokenizer_config.json").is_file():
         value = read_json(folder / "tokenizer_config.json").get("chat_template")
         templates.update(_templates_from_config_value(value))
-        origin = "tokenizer_config.json"
+        origin = "tokenizer_config.json" if templates else ""
+    files = _template_files(folder)
+    if files:  # separate files take priority over the tokenizer config's entries, as a whole
+        templates = files
+        origin = "chat_template.jinja" if "default" in files else "additional_chat_templates"
+    return templates, origin
+
+
+def _template_files(folder: Path) -> dict[str, str]:
+    files: dict[str, str] = {}
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        files["default"] = jinja.read_text(encoding="utf-8")
     extra = folder / "additional_chat_templates"
     if extra.is_dir():
         for file in sorted(extra.glob("*.jinja")):
-            templates[file.stem] = file.read_text(encoding="utf-8")
-    if not templates:
+            files[file.stem] = file.read_text(encoding="utf-8")
+    return files
+
+
+def _processor_template(folder: Path) -> tuple[str, str] | None:
+    """The default template of the folder's processor, when it has one not read from the tokenizer's files."""
+    if not any((folder / name).is_file() for name in PROCESSOR_FILES):
         return None
-    return ChatTemplateSource(templates, origin=origin or "additional_chat_templates")
+    sources = (("processor_config.json", "chat_template"), ("chat_template.json", "chat_template"))
+    for name, key in sources:
+        if (folder / name).is_file():
+            value = read_json(folder / name).get(key)
+            found = _templates_from_config_value(value)
+            if "default" in found:
+                return found["default"], name
+    return None
 
 
 def _templates_from_config_value(value: Any) -> dict[str, str]:
@@ -195,7 +248,11 @@ def load_tokenizer(folder: Path, *, trust_remote_code: bool) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+        # mistral_format=False: a folder with only Mistral's tekken.json is converted to a transformers tokenizer,
+        # as vLLM's hf mode loads it; mistral-common's own tokenizer is --tokenizer-mode mistral's.
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(folder), trust_remote_code=trust_remote_code, mistral_format=False
+        )
     except Exception as exc:
         hint = ""
         if "trust_remote_code" in str(exc):
@@ -277,6 +334,7 @@ def load_checkpoint(
 ) -> Checkpoint:
     """Load everything rendering needs from a checkpoint (and an optional separate tokenizer)."""
     from tokenfront.core.families import mistral  # imported here: families import this module
+
     if model is None and tokenizer is None:
         raise CheckpointError("no --model (or --tokenizer) given: there is nothing to render with")
     model_path, source = resolve_folder(model, what="model") if model else (None, "")
@@ -320,9 +378,30 @@ def load_checkpoint(
 
 
 def _load_processor(folder: Path | None) -> dict[str, Any] | None:
+    """The processor's settings: `preprocessor_config.json` (the image/audio processor) overlaid with
+    `processor_config.json` (the processor's own, which transformers 5 also nests the former in)."""
     if folder is None:
         return None
-    for name in PROCESSOR_FILES:
-        if (folder / name).is_file():
-            return read_json(folder / name)
-    return None
+    found = [read_json(folder / name) for name in reversed(PROCESSOR_FILES) if (folder / name).is_file()]
+    if not found:
+        return None
+    merged: dict[str, Any] = {}
+    for value in found:
+        merged.update(value)
+    return merged
+
+
+def tokenizer_source_file(tokenizer: Any) -> Path | None:
+    """The file a loaded transformers tokenizer was built from: `tokenizer.json` when its folder has one
+    (transformers prefers it), else the vocabulary file it converted (a SentencePiece or tiktoken
+    `tokenizer.model`, a `*.tiktoken` file), or mistral-common's `tekken.json` / `tokenizer.model.v*`.
+    None when it cannot be told (e.g. a tokenizer built in memory)."""
+    mistral_file = getattr(tokenizer, "_tokenizer_path", None)  # MistralCommonBackend
+    candidates: list[Path] = [Path(mistral_file)] if isinstance(mistral_file, (str, os.PathLike)) else []
+    name_or_path = getattr(tokenizer, "name_or_path", "")
+    if name_or_path and Path(name_or_path).is_dir():
+        candidates.append(Path(name_or_path) / "tokenizer.json")
+    vocab_file = (getattr(tokenizer, "init_kwargs", None) or {}).get("vocab_file")
+    if isinstance(vocab_file, (str, os.PathLike)):
+        candidates.append(Path(vocab_file))
+    return next((path for path in candidates if path.is_file()), None)

@@ -100,6 +100,7 @@ _COMPONENT_LABELS = {
     "chat_format": "chat format (Harmony / mistral-common)",
     "tokenizer.class": "tokenizer class",
     "tokenizer.model": "tokenizer model",
+    "tokenizer.model_file": "tokenizer model file (tokenizer.model / tiktoken / tekken.json)",
     "tokenizer.vocab": "tokenizer vocabulary",
     "tokenizer.added_tokens": "tokenizer added tokens",
     "tokenizer.special_tokens": "tokenizer special tokens",
@@ -304,17 +305,49 @@ def _take_prefetched(tokenizer: Any) -> Future[tuple[str, str]] | None:
     return entry[1]
 
 
+# transformers tokenizer classes with no Rust model whose whole encoding model is the file they were built
+# from (mistral-common's tekken.json or SentencePiece model, run by mistral-common under transformers).
+_FILE_MODEL_CLASSES = frozenset({"MistralCommonBackend"})
+
+
+def _sha256_file(path: Any) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
-    """The tokenizer's part of `compared`, and why it is incomplete (empty when fully identified)."""
+    """The tokenizer's part of `compared`, and why it is incomplete (empty when fully identified).
+
+    `model`/`vocab` hash the encoding model transformers runs: its Rust tokenizer serialised (a checkpoint's
+    `tokenizer.json`, or the fast tokenizer transformers 5 builds from a SentencePiece or tiktoken
+    `tokenizer.model`), canonical JSON, so a re-serialised but identical tokenizer.json hashes the same.
+    `model_file` is the sha256 of the bytes of the file the tokenizer was converted from (`tokenizer.model`,
+    `*.tiktoken`, `tekken.json`: the ranks or pieces themselves, whatever a converter keeps of them); None
+    for a tokenizer loaded from `tokenizer.json`, whose content `model` already is. The file's name is not
+    compared (`checkpoint.tokenizer_source_file` tells it, for `info`).
+
+    Complete (no reasons) when both hold:
+    - the class is transformers' own, not code loaded with `--trust-remote-code`;
+    - the encoding model is hashed: a Rust model, or for a class in `_FILE_MODEL_CLASSES` (mistral-common's
+      tokenizer under transformers, which has no Rust model) the file it was loaded from, found and read.
+    Otherwise incomplete: a tokenizer with neither (e.g. a Python SentencePiece tokenizer without a fast
+    conversion) cannot be told apart from another one with the same vocabulary.
+    """
+    from tokenfront.core.checkpoint import tokenizer_source_file  # only this function needs it
+
     incomplete: list[str] = []
-    module = type(tokenizer).__module__
-    if not module.startswith("transformers."):
-        incomplete.append(
-            f"tokenizer class {type(tokenizer).__name__} is code loaded with --trust-remote-code"
-        )
+    cls = type(tokenizer)
+    if not cls.__module__.startswith("transformers."):
+        incomplete.append(f"tokenizer class {cls.__name__} is code loaded with --trust-remote-code")
     backend = getattr(tokenizer, "_tokenizer", None)
+    source = tokenizer_source_file(tokenizer)
+    model_file = _sha256_file(source) if source is not None and source.name != "tokenizer.json" else None
     model_hash: str | None = None
     vocab_hash: str | None = None
+    file_model = backend is None and cls.__name__ in _FILE_MODEL_CLASSES
     if backend is not None:
         prefetched = _take_prefetched(tokenizer)
         if prefetched is not None:
@@ -323,9 +356,36 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
             serialized = tokenizer_json(tokenizer, keep=False)  # the cached one if start-up still holds it
             assert serialized is not None  # there is a Rust tokenizer
             model_hash, vocab_hash = _rust_tokenizer_hashes(tokenizer, serialized)
+    elif file_model and model_file is not None:
+        model_hash = model_file
+        vocab_hash = sha256_json(sorted(tokenizer.get_vocab().items()))
+    elif file_model:
+        incomplete.append(f"tokenizer {cls.__name__}: the file it was loaded from was not found")
     else:
-        incomplete.append(f"tokenizer {type(tokenizer).__name__} has no serialisable model (tokenizer.json)")
-    added = [
+        incomplete.append(f"tokenizer {cls.__name__} has no serialisable model (tokenizer.json)")
+    components = {
+        "class": cls.__name__,
+        "model": model_hash,
+        "model_file": model_file,
+        "vocab": vocab_hash,
+        "added_tokens": sha256_json(_added_tokens(tokenizer)),
+        "special_tokens": dict(sorted(tokenizer.special_tokens_map.items())),
+        "add_bos_eos": [
+            bool(getattr(tokenizer, "add_bos_token", False)),
+            bool(getattr(tokenizer, "add_eos_token", False)),
+        ],
+        "split_special_tokens": bool(getattr(tokenizer, "split_special_tokens", False)),
+    }
+    return components, incomplete
+
+
+def _added_tokens(tokenizer: Any) -> list[dict[str, Any]]:
+    decoder = tokenizer.added_tokens_decoder
+    if callable(decoder):  # MistralCommonBackend: a method that raises; its special tokens instead
+        ids = sorted(set(getattr(tokenizer, "all_special_ids", [])))
+        tokens = tokenizer.convert_ids_to_tokens(ids) if ids else []
+        return [{"id": i, "content": token, "special": True} for i, token in zip(ids, tokens, strict=True)]
+    return [
         {
             "id": token_id,
             "content": token.content,
@@ -335,21 +395,8 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
             "normalized": bool(token.normalized),
             "single_word": bool(token.single_word),
         }
-        for token_id, token in sorted(tokenizer.added_tokens_decoder.items())
+        for token_id, token in sorted(decoder.items())
     ]
-    components = {
-        "class": type(tokenizer).__name__,
-        "model": model_hash,
-        "vocab": vocab_hash,
-        "added_tokens": sha256_json(added),
-        "special_tokens": dict(sorted(tokenizer.special_tokens_map.items())),
-        "add_bos_eos": [
-            bool(getattr(tokenizer, "add_bos_token", False)),
-            bool(getattr(tokenizer, "add_eos_token", False)),
-        ],
-        "split_special_tokens": bool(getattr(tokenizer, "split_special_tokens", False)),
-    }
-    return components, incomplete
 
 
 def build_fingerprint(

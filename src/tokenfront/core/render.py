@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfront.core.checkpoint import Checkpoint, load_checkpoint
+from tokenfront.core.checkpoint import Checkpoint, load_checkpoint, tokenizer_source_file
 from tokenfront.core.errors import CheckpointError, RenderError
 from tokenfront.core.families import ChatFormat, chat_format_for
 from tokenfront.core.fingerprint import Fingerprint, build_fingerprint
@@ -334,8 +334,13 @@ class RenderPipeline:
                 else None,
                 "chat_template_origin": templates.origin if templates else None,
                 "tokenizer_mode": self.checkpoint.tokenizer_mode,
+                "tokenizer_file": _file_name(tokenizer_source_file(self.tokenizer)),
             },
         )
+
+
+def _file_name(path: Any) -> str | None:
+    return path.name if path is not None else None
 
 
 def _prompt_items(prompt: Any) -> list[str | list[int]]:
