@@ -41,9 +41,12 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, model_required: boo
     group.add_argument("--tokenizer", help="tokenizer folder or hub id, when it is not the model's")
     group.add_argument("--chat-template", help="chat template: a file path or an inline Jinja string")
     group.add_argument(
-        "--reasoning-parser", help="reasoning parser name (e.g. qwen3, deepseek_r1, laguna, minimax_m3)"
+        "--reasoning-parser",
+        help="reasoning parser name (e.g. qwen3, deepseek_r1, laguna, minimax_m3, mistral, openai_gptoss)",
     )
-    group.add_argument("--tool-call-parser", help="tool-call parser name (e.g. hermes, llama3_json)")
+    group.add_argument(
+        "--tool-call-parser", help="tool-call parser name (hermes, llama3_json, mistral, openai for gpt-oss)"
+    )
     group.add_argument(
         "--served-model-name",
         nargs="+",
