@@ -15,7 +15,7 @@ from tokenfront.core.templates import ContentFormat
 # Content part types that carry text.
 _TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal"}
 # Content part types that carry media; rendering them needs a processor, which is not supported yet.
-_MEDIA_PARTS = frozenset(
+MEDIA_PARTS = frozenset(
     {
         "image_url",
         "image",
@@ -88,8 +88,8 @@ def _part_text(part: Any, *, param: str) -> str:
         )
     kind = part.get("type")
     if kind is None:
-        kind = "text" if "text" in part else next((key for key in part if key in _MEDIA_PARTS), None)
-    if kind in _MEDIA_PARTS:
+        kind = "text" if "text" in part else next((key for key in part if key in MEDIA_PARTS), None)
+    if kind in MEDIA_PARTS:
         raise UnsupportedContentError(
             f"{param} is a {kind!r} part: multimodal content (images, audio, video, files) is not yet supported "
             "by tokenfront's render endpoints; send text parts only",

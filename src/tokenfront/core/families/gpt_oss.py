@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenfront.core.errors import CheckpointError, RenderError, UnsupportedContentError
+from tokenfront.core.messages import MEDIA_PARTS  # text only, as the template path
 
 if TYPE_CHECKING:
     from openai_harmony import HarmonyEncoding
@@ -99,24 +100,6 @@ _FORMAT_TOKENS = (
     "<|constrain|>",
     "<|call|>",
     "<|return|>",
-)
-# Content parts that carry media: tokenfront renders text only (as in the template path, core/messages.py).
-_MEDIA_PARTS = frozenset(
-    {
-        "image_url",
-        "image",
-        "image_pil",
-        "image_embeds",
-        "input_image",
-        "audio_url",
-        "input_audio",
-        "audio",
-        "audio_embeds",
-        "video_url",
-        "video",
-        "file",
-        "input_file",
-    }
 )
 # Bounded caches (ids kept as 4-byte arrays). System and developer messages, rendered by the library, by their
 # JSON when it is at most 32K characters (most requests share them): 64 of them, at most ~16 MB. Message texts
@@ -344,7 +327,7 @@ def _check_message(message: Mapping[str, Any], index: int) -> None:
 
 def _check_part(part: Any, param: str) -> None:
     kind = part.get("type") if isinstance(part, dict) else None
-    if kind in _MEDIA_PARTS:
+    if kind in MEDIA_PARTS:
         raise UnsupportedContentError(
             f"{param} is a {kind!r} part: multimodal content (images, audio, video, files) is not yet supported "
             "by tokenfront's render endpoints; send text parts only",

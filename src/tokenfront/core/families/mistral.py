@@ -31,7 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenfront.core.errors import CheckpointError, RenderError, UnsupportedContentError
-from tokenfront.core.messages import parse_tool_arguments
+from tokenfront.core.messages import (
+    MEDIA_PARTS,  # text only, as the template path
+    parse_tool_arguments,
+)
 
 if TYPE_CHECKING:
     from tokenfront.core.checkpoint import Checkpoint
@@ -67,24 +70,6 @@ TOOL_CALL_ID_LENGTH = 9
 # The first tokenizer version whose requests carry model settings (`reasoning_effort`); vLLM passes the
 # effort on from there only.
 _REASONING_EFFORT_VERSION = 15
-# Content parts that carry media: tokenfront renders text only (as in the template path, core/messages.py).
-_MEDIA_PARTS = frozenset(
-    {
-        "image_url",
-        "image",
-        "image_pil",
-        "image_embeds",
-        "input_image",
-        "audio_url",
-        "input_audio",
-        "audio",
-        "audio_embeds",
-        "video_url",
-        "video",
-        "file",
-        "input_file",
-    }
-)
 _NO_MISTRAL_COMMON = (
     "--tokenizer-mode mistral needs the mistral-common package ({exc}): pip install mistral-common"
 )
@@ -332,7 +317,7 @@ def _refuse_media(content: Any, *, param: str) -> None:
         return
     for number, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _MEDIA_PARTS:
+        if kind in MEDIA_PARTS:
             raise UnsupportedContentError(
                 f"{param}[{number}] is a {kind!r} part: multimodal content (images, audio, video, files) is not "
                 "yet supported by tokenfront's render endpoints; send text parts only",
