@@ -40,7 +40,9 @@ def load_tokenizer(folder: str) -> Any:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoTokenizer.from_pretrained(folder)
+        # mistral_format=False: as hf mode (and vLLM's hf mode) loads a folder with only Mistral's tekken.json,
+        # converted to a transformers tokenizer rather than mistral-common's (that is --tokenizer-mode mistral).
+        return AutoTokenizer.from_pretrained(folder, mistral_format=False)
 
 
 def template_source(tokenizer: Any, chat_template: str | None, tools: list[dict[str, Any]] | None) -> str:

@@ -459,7 +459,8 @@ def _all_template_sources(checkpoint: Callable[[str], Path]) -> dict[str, str]:
     sources = {f"template:{name}": path.read_text(encoding="utf-8") for name, path in TEMPLATE_FILES.items()}
     for name in CHECKPOINTS:
         tokenizer = reference.load_tokenizer(str(checkpoint(name)))
-        sources[f"checkpoint:{name}"] = reference.template_source(tokenizer, None, None)
+        if tokenizer.chat_template is not None:  # tekken.json folders carry none (Mistral's is mistral-common)
+            sources[f"checkpoint:{name}"] = reference.template_source(tokenizer, None, None)
     return sources
 
 
