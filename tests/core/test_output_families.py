@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from tokenfront.core.errors import CheckpointError
-from tokenfront.core.harmony_output import (
+from tokenfront.core.output.harmony import (
     HarmonyDelta,
     HarmonyHeader,
     HarmonyStream,
@@ -36,13 +36,8 @@ from tokenfront.core.harmony_output import (
     parse_harmony_header,
     reads_harmony,
 )
-from tokenfront.core.reasoning import (
-    REASONING_PARSERS,
-    ReasoningStream,
-    get_reasoning_parser,
-    reasoning_ended,
-    split_reasoning,
-)
+from tokenfront.core.output.reasoning import ReasoningStream, split_reasoning
+from tokenfront.core.reasoning import REASONING_PARSERS, get_reasoning_parser, reasoning_ended
 from tokenfront.core.tool_calls import (
     TOOL_CALL_PARSERS,
     HarmonyToolCallParser,
@@ -326,10 +321,14 @@ def _harmony_result(out: HarmonyDelta) -> tuple[str | None, str | None, list[tup
     )
 
 
-def _stream_harmony(case: Case, pieces: list[str]) -> HarmonyDelta:
+def _stream_harmony(case: Case, pieces: list[str], *, resume: bool = False) -> HarmonyDelta:
+    """Stream `pieces`; with `resume`, every piece goes to a new reader resumed from the last one's state."""
     stream = HarmonyStream(reasoning=case.with_reasoning, tools=case.with_tools)
     total = HarmonyDelta()
     for piece in pieces:
+        if resume:
+            state = json.loads(json.dumps(stream.state()))  # what a client would carry
+            stream = HarmonyStream.from_state(state, reasoning=case.with_reasoning, tools=case.with_tools)
         out = stream.feed(piece)
         assert not out.tool_calls  # calls come with the end of the output
         total.reasoning += out.reasoning
@@ -360,6 +359,43 @@ def test_harmony_stream_split_anywhere_equals_whole(case: Case) -> None:
     for cut in range(len(case.text) + 1):
         pieces = [case.text[:cut], case.text[cut:]]
         assert _harmony_result(_stream_harmony(case, pieces)) == whole, cut
+
+
+@pytest.mark.parametrize("case", HARMONY_CASES)
+def test_harmony_stream_resumed_from_its_state_anywhere_equals_whole(case: Case) -> None:
+    whole = _harmony_result(parse_harmony(case.text, reasoning=case.with_reasoning, tools=case.with_tools))
+    for cut in range(len(case.text) + 1):
+        pieces = [case.text[:cut], case.text[cut:]]
+        assert _harmony_result(_stream_harmony(case, pieces, resume=True)) == whole, cut
+    assert _harmony_result(_stream_harmony(case, list(case.text), resume=True)) == whole
+
+
+def test_harmony_state_keeps_a_finished_call_and_its_id() -> None:
+    stream = HarmonyStream()
+    stream.feed('<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a":1}<|call|><|start|>as')
+    state = stream.state()
+    [pending] = state["calls"]
+    assert (pending["name"], pending["arguments"]) == ("f", '{"a": 1}')
+    resumed = HarmonyStream.from_state(json.loads(json.dumps(state)))
+    assert resumed.feed("sistant<|channel|>final<|message|>ok") == HarmonyDelta(content="ok")
+    last = resumed.finish()
+    assert [(c.id, c.name, c.arguments) for c in last.tool_calls] == [(pending["id"], "f", '{"a": 1}')]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"state": "nowhere"},
+        {"pending": 3},
+        {"message": ["assistant"]},
+        {"calls": [{"name": "f"}]},
+        {"seen": "x"},
+    ],
+)
+def test_harmony_state_that_does_not_hold_is_refused(change: dict[str, Any]) -> None:
+    state = {**HarmonyStream().state(), **change}
+    with pytest.raises(ValueError):
+        HarmonyStream.from_state(state)
 
 
 @pytest.mark.parametrize("case", HARMONY_CASES)

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
 
 from tokenfront.core.errors import TokenfrontError
+from tokenfront.core.output.reasoning import ReasoningStream, SplitText, split_reasoning
 from tokenfront.core.reasoning import (
     REASONING_PARSERS,
     OutputStart,
-    ReasoningStream,
-    SplitText,
     UnknownParserError,
     get_reasoning_parser,
     output_start,
     prompt_carries_reasoning_mode,
     reasoning_ended,
-    split_reasoning,
 )
 
 QWEN3 = get_reasoning_parser("qwen3")
@@ -333,6 +332,26 @@ def test_stream_equals_whole_text_for_every_two_and_three_way_split(parser, kwar
 def test_stream_of_single_characters(parser, kwargs, text: str) -> None:
     emitted, last = _stream(parser, list(text), **kwargs)
     assert _joined([*emitted, last]) == split_reasoning(parser, text, **kwargs)
+
+
+@pytest.mark.parametrize(("parser", "kwargs", "text"), STREAM_CASES)
+def test_stream_resumed_from_its_state_at_any_point_equals_whole_text(parser, kwargs, text: str) -> None:
+    expected = split_reasoning(parser, text, **kwargs)
+    for cut in range(len(text) + 1):
+        first = ReasoningStream(parser, **kwargs)
+        head = first.feed(text[:cut])
+        state = json.loads(json.dumps(first.state()))  # what a client would carry between calls
+        second = ReasoningStream.from_state(parser, state)
+        assert _joined([head, second.feed(text[cut:]), second.finish()]) == expected, cut
+
+
+def test_stream_state_is_the_phase_and_the_held_back_text() -> None:
+    stream = ReasoningStream(QWEN3)
+    assert stream.state() == {"phase": "reasoning_opening", "pending": ""}
+    stream.feed("<think>plan</th")
+    assert stream.state() == {"phase": "reasoning", "pending": "</th"}
+    with pytest.raises(ValueError):
+        ReasoningStream.from_state(QWEN3, {"phase": "elsewhere", "pending": ""})
 
 
 @pytest.mark.parametrize("cut", range(1, len("</think>")))

@@ -32,6 +32,26 @@ def test_registry_and_aliases() -> None:
     assert LLAMA3.name == "llama3_json"
 
 
+def test_each_parser_knows_where_its_calls_begin() -> None:
+    # What a stream holds back until the parser reads the whole output (core/output/calls.py).
+    markers = {name: (p.call_markers, p.call_openings) for name, p in TOOL_CALL_PARSERS.items()}
+    assert markers == {
+        "hermes": (("<tool_call>",), ()),
+        "llama3_json": (("<|python_tag|>",), ("{",)),
+        "mistral": (("[TOOL_CALLS]",), ()),
+        "openai": (None, ()),  # Harmony's channels, not markers, say what a call is
+    }
+    # A marker is where the parser itself finds a call: text before it is content.
+    calls = {
+        "hermes": '<tool_call>{"name": "f", "arguments": {}}</tool_call>',
+        "llama3_json": '<|python_tag|>{"name": "f", "parameters": {}}',
+        "mistral": "[TOOL_CALLS]f[ARGS]{}",
+    }
+    for name, call in calls.items():
+        parsed = TOOL_CALL_PARSERS[name].parse("Sure. " + call)
+        assert (parsed.content, [c.name for c in parsed.calls]) == ("Sure.", ["f"]), name
+
+
 def test_unknown_tool_call_parser_names_the_known_ones() -> None:
     with pytest.raises(UnknownParserError) as caught:
         get_tool_call_parser("pythonic")

@@ -22,7 +22,9 @@ from tokenfront.core.render import RenderPipeline
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import ChatCompletionRequest
 from tokenfront.server.metrics import ServerMetrics
-from tokenfront.worker.service import WorkerMetrics, WorkerService, usage_prompt_tokens
+from tokenfront.worker.metrics import WorkerMetrics
+from tokenfront.worker.prompts import usage_prompt_tokens
+from tokenfront.worker.service import WorkerService
 
 CHAT = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there!"}]}
 
@@ -115,7 +117,7 @@ def test_kimi_k3_with_single_token_markers() -> None:
 def test_worker_applies_the_exclusion_when_it_renders(pipeline: RenderPipeline) -> None:
     """The worker's own prompt preparation (no generation: the engine is never called here)."""
     service = WorkerService(pipeline, None, WorkerMetrics(ServerMetrics(), None))  # type: ignore[arg-type]
-    rendered = service._chat_prompt(ChatCompletionRequest(**CHAT), forced_prefix=None)
+    rendered = service.prompts.chat(ChatCompletionRequest(**CHAT))
     opener = kimi_k3.generation_channel_opener(rendered.text or "")
     assert opener == "<|open|>think<|sep|>"
     excluded = kimi_k3.usage_excluded_prompt_tokens(
@@ -124,8 +126,6 @@ def test_worker_applies_the_exclusion_when_it_renders(pipeline: RenderPipeline) 
     assert excluded > 0
     assert rendered.usage_tokens == len(rendered.token_ids) - excluded
     # Ids sent as prompt_token_ids are counted as they are: only a prompt the worker rendered is trimmed.
-    given = service._chat_prompt(
-        ChatCompletionRequest(**CHAT, prompt_token_ids=rendered.token_ids), forced_prefix=None
-    )
+    given = service.prompts.chat(ChatCompletionRequest(**CHAT, prompt_token_ids=rendered.token_ids))
     assert given.usage_tokens == len(rendered.token_ids)
     assert given.source == "token_ids"

@@ -17,14 +17,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tokenfront.core.render import RenderPipeline
-from tokenfront.core.tool_calls import get_tool_call_parser
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import ChatCompletionRequest
 from tokenfront.worker.app import create_worker_app
 from tokenfront.worker.engine import Engine, EngineInfo, GenerationRequest, GenerationStream, TokenOutput
 
 CHAT = "/v1/chat/completions"
-HARMONY_TOOLS = get_tool_call_parser("openai")
 TOOLS = [
     {
         "type": "function",
@@ -209,9 +207,7 @@ def test_named_tool_choice_forces_a_harmony_call(
     client, engine = scripted
     body = _chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
     service = client.app.state.service  # type: ignore[attr-defined]
-    prompt = service._chat_prompt(
-        ChatCompletionRequest(**body), forced_prefix=HARMONY_TOOLS.forced_call_prefix("get_weather")
-    )
+    prompt = service.prompts.chat(ChatCompletionRequest(**body), forced_tool="get_weather")
     # The prompt opens the call message; the model writes only its arguments, then stops.
     assert prompt.text.endswith(
         "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"

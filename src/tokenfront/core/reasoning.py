@@ -3,8 +3,9 @@
 A reasoning parser (``--reasoning-parser NAME``) knows the markers a model wraps its
 reasoning in and whether it reads its reasoning mode from the prompt text (SPEC §4).
 The renderer uses it to compute ``reasoning_ended``; the router uses it to decide
-whether a request may be forwarded as ids (SPEC §8); the worker uses it to split
-generated text into ``reasoning_content`` and ``content`` (SPEC §7).
+whether a request may be forwarded as ids (SPEC §8); the output core
+(``core.output.reasoning``) uses it to split generated text into ``reasoning_content``
+and ``content`` (SPEC §7).
 
 Where generation starts (the rules of vLLM's parsers, made consistent between the
 streaming and the non-streaming paths):
@@ -26,7 +27,7 @@ import enum
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from tokenfront.core.errors import TokenfrontError
 
@@ -34,15 +35,12 @@ __all__ = [
     "REASONING_PARSERS",
     "OutputStart",
     "ReasoningParser",
-    "ReasoningStream",
-    "SplitText",
     "UnknownParserError",
     "get_reasoning_parser",
     "lookup_parser",
     "output_start",
     "prompt_carries_reasoning_mode",
     "reasoning_ended",
-    "split_reasoning",
 ]
 
 
@@ -83,7 +81,7 @@ class ReasoningParser:
     # stray end marker is dropped and a repeated start marker inside reasoning too (vLLM's Mistral parser).
     markers_anywhere: bool = False
     # The output is OpenAI Harmony (gpt-oss): channels, not these markers, say what is reasoning, and
-    # core/harmony_output.py reads it. The markers only serve the prompt-tail rule.
+    # core/output/harmony.py reads it. The markers only serve the prompt-tail rule.
     harmony: bool = False
 
     def fingerprint_component(self) -> dict[str, str] | None:
@@ -243,198 +241,3 @@ def output_start(
     if _thinking_enabled(parser, chat_template_kwargs):
         return OutputStart.REASONING
     return OutputStart.UNDECIDED
-
-
-# --- splitting generated text ------------------------------------------------------
-
-
-class SplitText(NamedTuple):
-    """Reasoning and content of some generated text; ``None`` where there is none."""
-
-    reasoning: str | None
-    content: str | None
-
-
-def _partial_marker_length(text: str, marker: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for length in range(min(len(text), len(marker) - 1), 0, -1):
-        if text.endswith(marker[:length]):
-            return length
-    return 0
-
-
-class _Phase(enum.Enum):
-    UNDECIDED = "undecided"
-    REASONING_OPENING = "reasoning_opening"  # inside reasoning; a leading start marker is dropped
-    REASONING = "reasoning"
-    CONTENT = "content"
-
-
-_FIRST_PHASE = {
-    OutputStart.UNDECIDED: _Phase.UNDECIDED,
-    OutputStart.REASONING: _Phase.REASONING_OPENING,
-    OutputStart.CONTENT: _Phase.CONTENT,
-}
-
-
-class ReasoningStream:
-    """Splits generated text, delta by delta, into reasoning and content.
-
-    Never emits part of a marker: a suffix that could be the beginning of one is held
-    back until the next delta (or ``finish``) tells. Feeding all deltas then calling
-    ``finish`` gives exactly what ``split_reasoning`` gives for the whole text.
-    """
-
-    def __init__(
-        self,
-        parser: ReasoningParser,
-        *,
-        prompt_reasoning_ended: bool | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
-        self._parser = parser
-        start = output_start(
-            parser, prompt_reasoning_ended=prompt_reasoning_ended, chat_template_kwargs=chat_template_kwargs
-        )
-        self._phase = _FIRST_PHASE[start]
-        if parser.markers_anywhere and self._phase is _Phase.UNDECIDED:
-            self._phase = _Phase.CONTENT  # content watches for markers itself
-        # What ends reasoning, the first one found winning; a repeated start marker is dropped.
-        self._closers = (
-            parser.end,
-            *parser.content_markers,
-            *((parser.start,) if parser.markers_anywhere else ()),
-        )
-        self._pending = ""
-        self._reasoning: list[str] = []
-        self._content: list[str] = []
-
-    @property
-    def parser(self) -> ReasoningParser:
-        """The parser whose markers this stream splits on."""
-        return self._parser
-
-    @property
-    def in_reasoning(self) -> bool:
-        """Whether text fed so far leaves the model inside a reasoning block."""
-        return self._phase in (_Phase.REASONING, _Phase.REASONING_OPENING)
-
-    def feed(self, delta: str) -> SplitText:
-        """Consume a delta of generated text; return what can be emitted now."""
-        self._pending += delta
-        return self._drain(final=False)
-
-    def finish(self) -> SplitText:
-        """Flush what was held back once generation is over (a partial marker is text)."""
-        return self._drain(final=True)
-
-    def _drain(self, *, final: bool) -> SplitText:
-        while self._step(final=final):
-            pass
-        reasoning, content = "".join(self._reasoning), "".join(self._content)
-        self._reasoning.clear()
-        self._content.clear()
-        return SplitText(reasoning or None, content or None)
-
-    def _step(self, *, final: bool) -> bool:
-        """Advance by one decision; return whether another step may make progress."""
-        if self._phase is _Phase.UNDECIDED:
-            return self._step_undecided(final)
-        if self._phase is _Phase.REASONING_OPENING:
-            return self._step_reasoning_opening(final)
-        if self._phase is _Phase.REASONING:
-            return self._step_reasoning(final)
-        return self._step_content(final)
-
-    def _step_content(self, final: bool) -> bool:
-        if not self._parser.markers_anywhere:
-            self._content.append(self._pending)
-            self._pending = ""
-            return False
-        start, end = self._parser.start, self._parser.end
-        found = [(at, marker) for marker in (start, end) if (at := self._pending.find(marker)) >= 0]
-        if found:
-            at, marker = min(found)
-            self._content.append(self._pending[:at])
-            self._pending = self._pending[at + len(marker) :]
-            if marker == start:
-                self._phase = _Phase.REASONING
-            return True  # a stray end marker is dropped
-        held = 0 if final else max(_partial_marker_length(self._pending, m) for m in (start, end))
-        cut = len(self._pending) - held
-        self._content.append(self._pending[:cut])
-        self._pending = self._pending[cut:]
-        return False
-
-    def _step_undecided(self, final: bool) -> bool:
-        start, end = self._parser.start, self._parser.end
-        head = self._pending.lstrip()
-        if head.startswith(start):
-            self._pending, self._phase = head[len(start) :], _Phase.REASONING
-            return True
-        if head.startswith(end):
-            # A stray closer before any reasoning (MiniMax M3, Laguna without a mode): drop it.
-            self._pending, self._phase = head[len(end) :], _Phase.CONTENT
-            return True
-        if not final and (head == "" or start.startswith(head) or end.startswith(head)):
-            return False  # could still become a marker
-        self._phase = _Phase.CONTENT
-        return True
-
-    def _step_reasoning_opening(self, final: bool) -> bool:
-        start = self._parser.start
-        head = self._pending.lstrip()
-        if head.startswith(start):
-            # The model repeated the start marker the template may have prefilled (R1-0528).
-            self._pending, self._phase = head[len(start) :], _Phase.REASONING
-            return True
-        if not final and (head == "" or start.startswith(head)):
-            return False
-        self._phase = _Phase.REASONING
-        return True
-
-    def _step_reasoning(self, final: bool) -> bool:
-        parser = self._parser
-        found = [(at, marker) for marker in self._closers if (at := self._pending.find(marker)) >= 0]
-        if found:
-            at, marker = min(found)
-            reasoning = self._pending[:at]
-            if marker == parser.start:  # repeated inside reasoning: dropped
-                self._reasoning.append(reasoning)
-                self._pending = self._pending[at + len(marker) :]
-                return True
-            self._reasoning.append(reasoning.rstrip() if parser.strips_trailing_whitespace else reasoning)
-            # The end marker is dropped; a content marker starts the content.
-            after = at + len(marker) if marker == parser.end else at
-            self._pending, self._phase = self._pending[after:], _Phase.CONTENT
-            return True
-        held = 0 if final else max(_partial_marker_length(self._pending, marker) for marker in self._closers)
-        cut = len(self._pending) - held
-        if parser.strips_trailing_whitespace:
-            # Held back until more reasoning follows it; dropped at the end of the output.
-            cut = len(self._pending[:cut].rstrip())
-        self._reasoning.append(self._pending[:cut])
-        self._pending = "" if final else self._pending[cut:]
-        return False
-
-
-def split_reasoning(
-    parser: ReasoningParser | None,
-    text: str,
-    *,
-    prompt_reasoning_ended: bool | None = None,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-) -> SplitText:
-    """Split complete generated text into ``(reasoning, content)``; empty parts are ``None``.
-
-    Without a parser everything is content. See ``output_start`` for the arguments.
-    """
-    if parser is None:
-        return SplitText(None, text or None)
-    stream = ReasoningStream(
-        parser, prompt_reasoning_ended=prompt_reasoning_ended, chat_template_kwargs=chat_template_kwargs
-    )
-    first, last = stream.feed(text), stream.finish()
-    reasoning = (first.reasoning or "") + (last.reasoning or "")
-    content = (first.content or "") + (last.content or "")
-    return SplitText(reasoning or None, content or None)

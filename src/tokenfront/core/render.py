@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,13 +123,22 @@ class RenderPipeline:
     # -- chat ------------------------------------------------------------------------------------------------
 
     def render_chat(
-        self, request: ChatCompletionRequest, *, body: dict[str, Any] | None = None
+        self,
+        request: ChatCompletionRequest,
+        *,
+        body: dict[str, Any] | None = None,
+        forced_tool: str | None = None,
     ) -> RenderedPrompt:
         """Render a chat request into the ids a worker would compute from it.
 
         `body` is the JSON object `request` was validated from, when the caller has it: its `messages`,
         `tools` and `documents` are then read as sent, saving a dump of the model (validation is strict, so
         they hold the same values).
+
+        `forced_tool` (a named tool_choice, when the caller generates): the tool-call parser's forced-call
+        prefix for that function is appended to the rendered text before it is encoded, so the model's
+        continuation is the call's arguments; truncation applies to the whole. The render routes leave it
+        out, as vLLM's render does (vLLM forces a named call by constraining the output, not the prompt).
         """
         if request.add_generation_prompt and request.continue_final_message:
             raise RenderError(
@@ -139,8 +149,9 @@ class RenderPipeline:
         kwargs = self._template_kwargs(request)
         if body is None:
             body = request.model_dump(exclude_unset=True)
+        prefix = self._forced_call_prefix(forced_tool)
         if self.chat_format is not None:
-            return self._render_chat_format(self.chat_format, request, body, kwargs)
+            return self._render_chat_format(self.chat_format, request, body, kwargs, prefix)
         template = self._template_for(request)
         messages = normalize_messages(
             body["messages"],
@@ -155,6 +166,9 @@ class RenderPipeline:
             continue_final_message=request.continue_final_message,
             variables={**self._special_tokens, **kwargs},
         )
+        # The prefix joins the text, not the ids: token boundaries are those the template would give had it
+        # written the prefix itself (encoding it alone and concatenating ids could differ).
+        text += prefix
         add_special = bool(request.add_special_tokens)
         ids = self._encode(text, add_special_tokens=add_special, param="messages")
         return RenderedPrompt(
@@ -172,6 +186,7 @@ class RenderPipeline:
         request: ChatCompletionRequest,
         body: dict[str, Any],
         kwargs: dict[str, Any],
+        prefix: str,
     ) -> RenderedPrompt:
         if request.chat_template is not None:
             raise RenderError(
@@ -180,14 +195,48 @@ class RenderPipeline:
                 param="chat_template",
             )
         formatted = chat_format.render_chat(request, body, kwargs)
+        ids, text = formatted.token_ids, formatted.prompt_text
+        if prefix:
+            # These prompts end with a special token (Harmony's <|start|>assistant role, Mistral's [/INST]),
+            # and so do the prefixes start: the prefix's ids follow the format's own.
+            ids = [*ids, *self._encode_control_text(prefix)]
+            text += prefix
         # vLLM 0.33 does not truncate Harmony chat prompts (it never reads truncate_prompt_tokens there).
         keep = request.truncate_prompt_tokens if chat_format.truncates_prompt else None
         return RenderedPrompt(
-            token_ids=self._truncate(formatted.token_ids, keep),
-            prompt_text=formatted.prompt_text,
-            reasoning_ended=reasoning_ended(self.reasoning_parser, formatted.prompt_text),
+            token_ids=self._truncate(ids, keep),
+            prompt_text=text,
+            reasoning_ended=reasoning_ended(self.reasoning_parser, text),
             chat_template_kwargs=kwargs,
         )
+
+    def _encode_control_text(self, text: str) -> list[int]:
+        """Ids of text the server writes (a forced-call prefix): its special tokens are tokens even where the
+        tokenizer never reads them out of text (mistral-common's `[TOOL_CALLS]`)."""
+        specials = sorted(
+            {t for t in self.tokenizer.all_special_tokens if t and t in text}, key=len, reverse=True
+        )
+        ids: list[int] = []
+        at = 0
+        for match in re.finditer("|".join(map(re.escape, specials)), text) if specials else ():
+            if match.start() > at:
+                ids += self._encode(text[at : match.start()], add_special_tokens=False, param="tool_choice")
+            ids.append(int(self.tokenizer.convert_tokens_to_ids(match.group())))
+            at = match.end()
+        if at < len(text):
+            ids += self._encode(text[at:], add_special_tokens=False, param="tool_choice")
+        return ids
+
+    def _forced_call_prefix(self, forced_tool: str | None) -> str:
+        if forced_tool is None:
+            return ""
+        if self.tool_call_parser is None:
+            raise RenderError(
+                "a named tool_choice needs a tool-call parser to force the call: start the server with "
+                "--tool-call-parser (e.g. hermes), or use tool_choice auto",
+                param="tool_choice",
+            )
+        return self.tool_call_parser.forced_call_prefix(forced_tool)
 
     def _template_for(self, request: ChatCompletionRequest) -> ChatTemplate:
         if request.chat_template is not None:
@@ -255,6 +304,16 @@ class RenderPipeline:
         return rendered
 
     # -- shared ----------------------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """The ids of plain text (`/tokenize` with a `prompt`), as a completions prompt is encoded."""
+        return self._encode(text, add_special_tokens=add_special_tokens, param="prompt")
+
+    def detokenize(self, ids: list[int]) -> str:
+        """The text of ids (`/detokenize`), as transformers' `decode` gives it; ids outside the vocabulary are
+        a 400."""
+        self.validate_token_ids(ids, param="tokens")
+        return str(self.tokenizer.decode(ids))
 
     def validate_token_ids(self, ids: list[int], *, param: str) -> None:
         """Reject ids outside the vocabulary `[0, vocab_size)` with a 400 that names the first bad one."""

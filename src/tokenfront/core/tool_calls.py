@@ -1,11 +1,14 @@
 """Tool-call parsers: forced-call prefixes for a named ``tool_choice`` and parsing calls out of output.
 
 A tool-call parser (``--tool-call-parser NAME``) knows how a model writes a function
-call. The worker uses it twice (SPEC §7): to force a call to one named function, it
-appends ``forced_call_prefix(name)`` to the rendered prompt so the model's continuation
-is just the JSON arguments object (``forced_call_suffix`` is what closes the call after
-it); and to turn complete generated text into ``tool_calls``. The prefix changes the
-prompt ids, so the rendering fingerprint hashes ``fingerprint_component()`` (SPEC §5).
+call. It serves twice (SPEC §7): to force a call to one named function, the render
+pipeline appends ``forced_call_prefix(name)`` to the rendered prompt
+(``RenderPipeline.render_chat(..., forced_tool=name)``) so the model's continuation is
+just the JSON arguments object (``forced_call_suffix`` is what closes the call after
+it); and the output core (``core.output``) turns generated text into ``tool_calls``
+with ``parse``, streaming content up to the parser's ``call_markers``. The prefix
+changes the prompt ids, so the rendering fingerprint hashes ``fingerprint_component()``
+(SPEC §5).
 """
 
 from __future__ import annotations
@@ -92,8 +95,14 @@ class ToolCallParser(ABC):
     # The forced-call prefix with ``{name}`` standing for the JSON-encoded function name.
     prefix_template: str
     forced_call_suffix: str
-    # The output is OpenAI Harmony (gpt-oss): core/harmony_output.py reads calls, reasoning and content.
+    # The output is OpenAI Harmony (gpt-oss): core/output/harmony.py reads calls, reasoning and content.
     harmony: bool = False
+    # Where a call may begin in streamed content: text from the first of these on is held back until the
+    # output ends and the parser reads it all. None: any text may be part of a call, so all content is held
+    # (always correct, only later).
+    call_markers: tuple[str, ...] | None = None
+    # Output that starts with one of these (after whitespace) may be a call as a whole (Llama 3's bare JSON).
+    call_openings: tuple[str, ...] = ()
 
     def forced_call_prefix(self, function_name: str) -> str:
         """Text appended to the rendered prompt to force a call to ``function_name``.
@@ -173,6 +182,7 @@ class HermesToolCallParser(ToolCallParser):
     aliases = ("qwen", "qwen25")
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
+    call_markers = (open_tag,)
     # As Qwen's own template writes a call, so a forced call looks like one from history.
     prefix_template = '<tool_call>\n{"name": {name}, "arguments": '
     forced_call_suffix = "}\n</tool_call>"
@@ -225,6 +235,8 @@ class Llama3JsonToolCallParser(ToolCallParser):
     name = "llama3_json"
     aliases = ("llama3",)
     python_tag = "<|python_tag|>"
+    call_markers = (python_tag,)
+    call_openings = ("{",)
     # As the Llama 3.1-3.3 templates write a call in history.
     prefix_template = '{"name": {name}, "parameters": '
     forced_call_suffix = "}"
@@ -264,6 +276,7 @@ class MistralToolCallParser(ToolCallParser):
     name = "mistral"
     marker = "[TOOL_CALLS]"
     args_marker = "[ARGS]"
+    call_markers = (marker,)
     # The v11+ format, which current Mistral models write; the name is written as is.
     prefix_template = "[TOOL_CALLS]{name}[ARGS]"
     forced_call_suffix = ""
@@ -363,8 +376,8 @@ _JSON_ARRAY_OF_OBJECTS = re.compile(r"\[{.*}\]", re.DOTALL)
 class HarmonyToolCallParser(ToolCallParser):
     """gpt-oss's Harmony calls: a message to ``functions.NAME`` (vLLM's ``openai`` tool-call parser).
 
-    The worker reads Harmony output, calls included, with ``core.harmony_output.HarmonyStream``; ``parse``
-    serves forced calls, whose prefix opens the call message as Harmony renders one in history.
+    The output core reads Harmony output, calls included, with ``core.output.harmony.HarmonyStream``;
+    ``parse`` serves forced calls, whose prefix opens the call message as Harmony renders one in history.
     """
 
     name = "openai"
@@ -378,8 +391,8 @@ class HarmonyToolCallParser(ToolCallParser):
 
     def parse(self, text: str) -> ParsedToolCalls:
         """The calls in Harmony output; content is its final and preamble text."""
-        # Imported here: harmony_output builds on this module's ToolCall.
-        from tokenfront.core.harmony_output import parse_harmony
+        # Imported here: core.output.harmony builds on this module's ToolCall.
+        from tokenfront.core.output.harmony import parse_harmony
 
         parsed = parse_harmony(text, reasoning=False, tools=True)
         if not parsed.tool_calls:

@@ -21,8 +21,9 @@ from tokenfront.renderer.routes import render_router
 from tokenfront.server.app import create_app, pipeline_info
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 from tokenfront.worker.engine import Engine
+from tokenfront.worker.metrics import WorkerMetrics
 from tokenfront.worker.routes import kv_events_router, worker_router
-from tokenfront.worker.service import WorkerMetrics, WorkerService
+from tokenfront.worker.service import WorkerService
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The engine interface: what the worker's HTTP layer needs from whatever runs the model.
 
 An engine takes prompt ids and sampling parameters and streams generated ids. It knows nothing of text,
-chat templates or HTTP: stop strings, detokenization, parsers and the OpenAI shapes live in the worker's
-service layer. One implementation today (engines/transformers.py); another engine plugs in here.
+chat templates or HTTP: stop strings, detokenization, parsers and the OpenAI shapes live in the output
+core (`tokenfront.core.output`). One implementation today (engines/transformers.py); another engine plugs in here.
 """
 
 from __future__ import annotations

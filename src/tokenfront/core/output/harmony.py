@@ -27,9 +27,10 @@ import enum
 import json
 import re
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tokenfront.core.errors import CheckpointError
+from tokenfront.core.output.markers import partial_marker_length
 from tokenfront.core.reasoning import ReasoningParser
 from tokenfront.core.tool_calls import ToolCall, ToolCallParser
 
@@ -187,17 +188,6 @@ class _State(enum.Enum):
     EXPECT_START = "expect_start"
 
 
-def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``markers``."""
-    longest = 0
-    for marker in markers:
-        for length in range(min(len(text), len(marker) - 1), longest, -1):
-            if text.endswith(marker[:length]):
-                longest = length
-                break
-    return longest
-
-
 class HarmonyStream:
     """Reads Harmony output (special tokens kept), delta by delta, into reasoning, content and tool calls.
 
@@ -251,6 +241,62 @@ class HarmonyStream:
         out.tool_calls, self._calls = self._calls, []
         return out
 
+    def state(self) -> dict[str, Any]:
+        """Where the reader is in the output and what it holds, as JSON data (`from_state` resumes)."""
+        message = self._message
+        return {
+            "state": self._state.value,
+            "role": self._role,
+            "pending": self._pending,
+            "header": "".join(self._header),
+            "header_tail": self._header_tail,
+            "message": list(message) if message is not None else None,
+            "kind": self._kind.value,
+            "message_text": "".join(self._message_text),
+            "unfinished": self._unfinished,
+            "seen": sorted(kind.value for kind in self._seen),
+            "first_of_message": self._first_of_message,
+            "calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self._calls],
+        }
+
+    @classmethod
+    def from_state(
+        cls, state: dict[str, Any], *, reasoning: bool = True, tools: bool = True
+    ) -> HarmonyStream:
+        """A reader that continues from `state`; `reasoning` and `tools` as for a new one."""
+        texts = ("pending", "header", "header_tail", "message_text", "unfinished")
+        if not all(isinstance(state[key], str) for key in texts):
+            raise ValueError(f"Harmony state {', '.join(texts)} must be strings")
+        role, message, calls = state["role"], state["message"], state["calls"]
+        if role is not None and not isinstance(role, str):
+            raise ValueError("Harmony state `role` must be a string or null")
+        if message is not None and not (
+            isinstance(message, list)
+            and len(message) == 4
+            and isinstance(message[0], str)
+            and all(part is None or isinstance(part, str) for part in message)
+        ):
+            raise ValueError("Harmony state `message` must be a header [role, channel, recipient, type]")
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and all(isinstance(c.get(k), str) for k in ("id", "name", "arguments"))
+            for c in calls
+        ):
+            raise ValueError("Harmony state `calls` must be a list of {id, name, arguments} strings")
+        if not isinstance(state["first_of_message"], bool) or not isinstance(state["seen"], list):
+            raise ValueError("Harmony state `first_of_message` must be a boolean and `seen` a list")
+        stream = cls(reasoning=reasoning, tools=tools)
+        stream._state, stream._role = _State(state["state"]), role
+        stream._pending, stream._header_tail = state["pending"], state["header_tail"]
+        stream._header = [state["header"]] if state["header"] else []
+        stream._message = HarmonyHeader(*message) if message is not None else None
+        stream._kind = _Kind(state["kind"])
+        stream._message_text = [state["message_text"]] if state["message_text"] else []
+        stream._unfinished = state["unfinished"]
+        stream._seen = {_Kind(kind) for kind in state["seen"]}
+        stream._first_of_message = state["first_of_message"]
+        stream._calls = [ToolCall(c["name"], c["arguments"], id=c["id"]) for c in calls]
+        return stream
+
     def _take(self) -> HarmonyDelta:
         out, self._out = self._out, HarmonyDelta()
         return out
@@ -267,7 +313,7 @@ class HarmonyStream:
         at = self._pending.find(START)
         if at < 0:
             # Anything but <|start|> between messages is skipped.
-            keep = _partial_suffix(self._pending, (START,))
+            keep = partial_marker_length(self._pending, (START,))
             self._pending = self._pending[len(self._pending) - keep :]
             return False
         self._pending = self._pending[at + len(START) :]
@@ -310,7 +356,7 @@ class HarmonyStream:
             self._complete_message()
             self._state = _State.EXPECT_START
             return True
-        keep = _partial_suffix(self._pending, _MESSAGE_ENDS)
+        keep = partial_marker_length(self._pending, _MESSAGE_ENDS)
         cut = len(self._pending) - keep
         self._message_text_append(self._pending[:cut])
         self._pending = self._pending[cut:]
