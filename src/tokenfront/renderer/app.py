@@ -16,6 +16,7 @@ if not hide_torch():
 from fastapi import FastAPI  # after the torch guard, on purpose
 
 from tokenfront.core.render import RenderPipeline
+from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.server.app import create_app, pipeline_info
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
@@ -35,4 +36,5 @@ def create_renderer_app(
     )
     app.state.pipeline = pipeline
     app.include_router(render_router())
+    app.include_router(derender_router())
     return app

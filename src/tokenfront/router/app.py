@@ -22,6 +22,7 @@ if not hide_torch():
 from fastapi import FastAPI  # after the torch guard, on purpose
 
 from tokenfront.core.render import RenderPipeline
+from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
@@ -107,6 +108,7 @@ def create_router_app(
     app.include_router(inference_router())
     app.include_router(workers_router())
     app.include_router(render_router() if pipeline is not None else render_unavailable_router())
+    app.include_router(derender_router())
     app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers)
     return app
 

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from tokenfront.core.render import RenderPipeline
+from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.server.app import create_app, pipeline_info
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
@@ -79,6 +80,7 @@ def create_worker_app(
     app.include_router(kv_events_router())
     if enabled:
         app.include_router(render_router())
+        app.include_router(derender_router())
     app.router.lifespan_context = _lifespan(service)
     return app
 

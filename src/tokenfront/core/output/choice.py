@@ -207,6 +207,11 @@ class ChoiceParser:
         """Whether a stop string ended the text."""
         return self._stop.stopped
 
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the text, if one did (vLLM's `stop_reason`)."""
+        return self._stop.matched
+
     def push(self, token_id: int) -> OutputDelta:
         """Add one generated id; return the delta it makes visible."""
         if self.stopped or self.finished or token_id in self.config.hidden_ids:

@@ -22,6 +22,9 @@ class StopStringMatcher:
         self._stop = [s for s in stop if s]
         self._pending = ""
         self.stopped = False
+        # Which stop string ended the text (vLLM's `stop_reason`); not carried in `state()`: only a whole
+        # output is asked (vLLM's streaming derender refuses stop strings).
+        self.matched: str | None = None
 
     def feed(self, delta: str) -> str:
         """Add text; return the part that is now certainly before any stop string."""
@@ -32,7 +35,9 @@ class StopStringMatcher:
         self._pending += delta
         found = [at for at in (self._pending.find(s) for s in self._stop) if at >= 0]
         if found:
-            released, self._pending, self.stopped = self._pending[: min(found)], "", True
+            at = min(found)
+            self.matched = next(s for s in self._stop if self._pending.find(s) == at)
+            released, self._pending, self.stopped = self._pending[:at], "", True
             return released
         cut = len(self._pending) - partial_marker_length(self._pending, self._stop)
         released, self._pending = self._pending[:cut], self._pending[cut:]
