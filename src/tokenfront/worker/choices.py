@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from tokenfront.worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChoiceEvent", "ChoiceRun", "collect"]
+__all__ = ["ChoiceEvent", "ChoiceRun", "collect", "merged_events"]
 
 
 @dataclass
@@ -91,3 +92,37 @@ async def collect(run: ChoiceRun) -> FinishedChoice:
     async for event in run.events():
         output.extend(event.delta)
     return FinishedChoice(run.index, output, run.tokens)
+
+
+async def merged_events(runs: list[ChoiceRun]) -> AsyncIterator[ChoiceEvent]:
+    """The events of several choices run together, in the order they come, until every choice finishes.
+
+    A choice's error is raised here. Leaving early (the client disconnected: the consuming generator is
+    closed or cancelled) aborts the choices still running.
+    """
+    queue: asyncio.Queue[ChoiceEvent | BaseException] = asyncio.Queue()
+
+    async def pump(run: ChoiceRun) -> None:
+        try:
+            async for event in run.events():
+                await queue.put(event)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            await queue.put(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    tasks = [asyncio.create_task(pump(run)) for run in runs]
+    try:
+        remaining = len(runs)
+        while remaining:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.delta.finish_reason is not None:
+                remaining -= 1
+            yield item
+    finally:
+        for run in runs:
+            run.cancel("client_disconnected")
+        for task in tasks:
+            task.cancel()

@@ -10,6 +10,8 @@ from fastapi.responses import Response
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute
+from tokenfront.worker.generate import GenerateService
+from tokenfront.worker.generate_protocol import GenerateRequest
 from tokenfront.worker.service import WorkerService
 
 # One read returns at most this many events; a router pages with `after`.
@@ -17,7 +19,8 @@ MAX_EVENTS_PER_READ = 10_000
 
 
 def worker_router() -> APIRouter:
-    """POST /v1/chat/completions and POST /v1/completions, on `app.state.service`."""
+    """POST /v1/chat/completions, POST /v1/completions and POST /inference/v1/generate (vLLM's tokens in,
+    tokens out), on `app.state.service`."""
     router = APIRouter(tags=["inference"], route_class=LeanRoute)
 
     @router.post(
@@ -31,6 +34,14 @@ def worker_router() -> APIRouter:
     async def completions(request: CompletionRequest, raw: Request) -> Response:
         service: WorkerService = raw.app.state.service
         return await service.completion(request, raw)
+
+    @router.post(
+        "/inference/v1/generate",
+        summary="Tokens in, tokens out (vLLM's GenerateRequest; output_mode tokens, text or derender)",
+    )
+    async def generate(request: GenerateRequest, raw: Request) -> Response:
+        service: WorkerService = raw.app.state.service
+        return await GenerateService(service).generate(request, raw)
 
     return router
 

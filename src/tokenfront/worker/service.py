@@ -43,7 +43,7 @@ from tokenfront.server.models import check_model
 from tokenfront.server.request_ids import chat_request_id, completion_request_id
 from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.server.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
-from tokenfront.worker.choices import ChoiceEvent, ChoiceRun, collect
+from tokenfront.worker.choices import ChoiceRun, collect, merged_events
 from tokenfront.worker.engine import Engine, GenerationRequest, SamplingParams
 from tokenfront.worker.metrics import WorkerMetrics
 from tokenfront.worker.prompts import PromptBuilder, PromptInput
@@ -51,7 +51,7 @@ from tokenfront.worker.sampling import SamplingDefaults
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WorkerService"]
+__all__ = ["WorkerService", "stream_error"]
 
 
 @dataclass
@@ -251,50 +251,24 @@ class WorkerService:
         self.metrics.cached_prompt_tokens.labels(plan.route).inc(plan.cached_tokens())
 
     async def _sse(self, plan: _Plan) -> AsyncIterator[bytes]:
-        """The event stream of a request: chunks as choices produce text, then usage, then [DONE]."""
-        queue: asyncio.Queue[ChoiceEvent | BaseException] = asyncio.Queue()
+        """The event stream of a request: chunks as choices produce text, then usage, then [DONE].
+
+        When the client disconnects the generator is cancelled, and `merged_events` aborts the choices.
+        """
         formatter = plan.formatter
-
-        async def pump(run: ChoiceRun) -> None:
-            try:
-                async for event in run.events():
-                    await queue.put(event)
-            except BaseException as exc:  # handed to the generator, which reports it in the stream
-                await queue.put(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-
-        tasks: list[asyncio.Task[None]] = []
         try:
             for run in plan.runs:
                 yield sse_event(formatter.first_chunk(run.index))
-            tasks = [asyncio.create_task(pump(run)) for run in plan.runs]
-            remaining = len(plan.runs)
-            while remaining:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    # Headers are sent: the error can only be reported in the stream itself.
-                    yield sse_event(_stream_error(formatter.head.request_id, item))
-                    break
-                if item.delta.finish_reason is not None:
-                    remaining -= 1
-                chunk = formatter.chunk(item.index, item.delta, item.tokens)
+            async for event in merged_events(plan.runs):
+                chunk = formatter.chunk(event.index, event.delta, event.tokens)
                 if chunk is not None:
                     yield sse_event(chunk)
-            else:
-                self._count_usage(plan)
-                if formatter.head.include_usage:
-                    yield sse_event(formatter.usage_chunk(plan.usage()))
-            yield SSE_DONE
-        finally:
-            # Reached on completion, on an error, and when the client disconnects (the generator is cancelled).
-            disconnected = any(not run.finished for run in plan.runs)
-            for run in plan.runs:
-                run.cancel("client_disconnected")
-            for task in tasks:
-                task.cancel()
-            if disconnected:
-                log.info("stream %s ended before its choices finished", formatter.head.request_id)
+            self._count_usage(plan)
+            if formatter.head.include_usage:
+                yield sse_event(formatter.usage_chunk(plan.usage()))
+        except Exception as exc:  # headers are sent: the error can only be reported in the stream itself
+            yield sse_event(stream_error(formatter.head.request_id, exc))
+        yield SSE_DONE
 
 
 def _chat_logprobs_count(request: ChatCompletionRequest) -> int | None:
@@ -303,7 +277,7 @@ def _chat_logprobs_count(request: ChatCompletionRequest) -> int | None:
     return (request.top_logprobs or 0) if request.logprobs else None
 
 
-def _stream_error(request_id: str, error: BaseException) -> dict[str, Any]:
+def stream_error(request_id: str, error: BaseException) -> dict[str, Any]:
     """The error event of a stream whose generation failed after the response started."""
     if isinstance(error, ValueError):  # the engine refused the sequence: the request's fault
         return error_body(str(error), error_type="invalid_request_error")
