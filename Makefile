@@ -9,7 +9,7 @@ VLLM_PEER ?= $(HOME)/.cache/tokenfront-peers/vllm
 RENDER_PORT ?= 8100
 
 .PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-http bench-router \
-	bench-prefill bench-routing peer-vllm compare-vllm clean
+	bench-prefill bench-routing peer-vllm compare-vllm compare-vllm-protocol clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ bench-http: install-test
 compare-vllm: install-test
 	$(BIN)/tokenfront fixtures --only gptoss gptoss-bare mistral-tekken
 	$(BIN)/python -m benchmarks.compare_vllm --vllm $(VLLM_PEER)
+
+# /tokenize, /detokenize, Anthropic and Responses render, chat and completions derender: tokenfront and vLLM
+# 0.33's render server on Qwen3 (qwen3 reasoning, hermes tools), case by case (needs `make peer-vllm`; not CI).
+compare-vllm-protocol: install-test
+	$(BIN)/tokenfront fixtures --only qwen3
+	$(BIN)/python -m benchmarks.compare_vllm_protocol --vllm $(VLLM_PEER)
 
 # The router's own added latency over a direct worker call.
 bench-router: install-test

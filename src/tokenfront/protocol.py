@@ -1,16 +1,29 @@
-"""Request and response models at the HTTP boundary: the OpenAI subset tokenfront reads, and the render schema.
+"""Request and response models at the HTTP boundary: the OpenAI subset tokenfront reads, vLLM's `/tokenize` and
+`/detokenize` schemas, and the Anthropic Messages and OpenAI Responses bodies the render routes convert.
 
 Requests are validated strictly (no silent coercion of "5" to 5) but keep unknown fields, because the original
 body is echoed back in render responses and forwarded to workers unchanged.
+
+What vLLM 0.33's request models refuse beyond the schema (`tools: []`, a `tool_choice` without its tool, tool
+calls without `id`, `type` or string `arguments`, null content outside assistant messages) is refused here with
+a `RenderError`, as the render core refuses what it cannot render, so every path (template, Harmony,
+mistral-common) answers the same 400. What vLLM's models fill in is filled in here too: a tool dumps as vLLM's
+`ChatCompletionToolsParam` does (`"description": null` and all), and `reasoning_effort` reaches the template as
+`reasoning_effort` and `enable_thinking` (vLLM's `build_chat_params`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+
+from tokenfront.core.errors import RenderError
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+# Roles whose `content` may be null (OpenAI's assistant and function message params); others may leave it out.
+_NULL_CONTENT_ROLES = frozenset({"assistant", "function"})
 
 
 class _Strict(BaseModel):
@@ -19,13 +32,15 @@ class _Strict(BaseModel):
 
 class FunctionCall(_Strict):
     name: str
-    # OpenAI sends a JSON string; some clients send the object itself.
-    arguments: str | dict[str, Any] | None = None
+    # A JSON string, as OpenAI and vLLM require; anything else is refused by ChatCompletionRequest's rules (a
+    # RenderError naming the message), not by the schema.
+    arguments: Any = None
 
 
 class ToolCall(_Strict):
+    # Required by OpenAI and vLLM; checked by ChatCompletionRequest's rules.
     id: str | None = None
-    type: str | None = "function"
+    type: str | None = None
     function: FunctionCall
 
 
@@ -45,11 +60,41 @@ class FunctionDefinition(_Strict):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    defer_loading: bool | None = None
+
+    @model_serializer(mode="plain")
+    def _as_vllm_dumps_it(self) -> dict[str, Any]:
+        # vLLM's FunctionDefinition dump, which is what templates see: name, description and parameters always
+        # (null when absent), strict and defer_loading only when set, unknown keys dropped, in this order.
+        out: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+        }
+        if self.strict is not None:
+            out["strict"] = self.strict
+        if self.defer_loading is not None:
+            out["defer_loading"] = self.defer_loading
+        return out
 
 
 class Tool(_Strict):
+    """A function tool. Dumped (`model_dump`) as vLLM's `ChatCompletionToolsParam` dumps it for the template."""
+
     type: Literal["function"] = "function"
     function: FunctionDefinition
+    defer_loading: bool | None = None
+
+    @model_serializer(mode="plain")
+    def _as_vllm_dumps_it(self) -> dict[str, Any]:
+        function = self.function.model_dump()
+        if self.defer_loading is not None and self.function.defer_loading is None:
+            function["defer_loading"] = self.defer_loading  # vLLM's _propagate_defer_loading
+        out: dict[str, Any] = {"type": self.type, "function": function}
+        if self.defer_loading is not None:
+            out["defer_loading"] = self.defer_loading
+        return out
 
 
 class NamedFunction(_Strict):
@@ -104,8 +149,8 @@ class ChatCompletionRequest(_GenerationFields):
     documents: list[dict[str, Any]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # vLLM's values; Harmony (gpt-oss) and mistral-common read it, templates see it only via chat_template_kwargs.
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    # vLLM's values; Harmony (gpt-oss) and mistral-common read it; templates get it as template variables.
+    reasoning_effort: ReasoningEffort | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     prompt_token_ids: list[int] | None = None
@@ -117,6 +162,93 @@ class ChatCompletionRequest(_GenerationFields):
     def named_tool(self) -> str | None:
         """The function a named `tool_choice` forces, if any."""
         return self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the template sees them (vLLM's dump of each), or None without tools."""
+        return None if self.tools is None else [tool.model_dump() for tool in self.tools]
+
+    @model_validator(mode="after")
+    def _vllm_request_rules(self) -> ChatCompletionRequest:
+        check_tools(self.tools, self.tool_choice)
+        check_messages(self.messages)
+        if self.reasoning_effort is not None:
+            self.chat_template_kwargs = reasoning_effort_kwargs(
+                self.reasoning_effort, self.chat_template_kwargs
+            )
+        return self
+
+
+def check_tools(tools: list[Tool] | None, tool_choice: Any) -> None:
+    """vLLM's `check_tool_usage`: no empty tool list; a tool_choice other than none needs tools; a named one,
+    its tool."""
+    if tools is not None and not tools:
+        raise RenderError(
+            "`tools` must not be an empty array: give at least one tool or leave the field out", param="tools"
+        )
+    if tool_choice is None or tool_choice == "none":
+        return
+    if tools is None:
+        raise RenderError(
+            "tool_choice needs tools: set `tools`, or leave tool_choice out", param="tool_choice"
+        )
+    if isinstance(tool_choice, NamedToolChoice):
+        name = tool_choice.function.name
+        if all(tool.function.name != name for tool in tools):
+            raise RenderError(
+                f"tool_choice names the function {name!r}, which is not among the request's tools",
+                param="tool_choice",
+            )
+
+
+def check_messages(messages: list[ChatMessage]) -> None:
+    """What vLLM's message models refuse: null content outside assistant (and function) messages, and
+    assistant tool calls without an `id`, without `type: "function"`, or whose `arguments` is not a string."""
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        null = message.content is None and "content" in message.model_fields_set
+        if null and message.role not in _NULL_CONTENT_ROLES:
+            raise RenderError(
+                f"{where}.content is null: a {message.role} message needs content (a string or a list of "
+                "parts), or leave the field out",
+                param=f"{where}.content",
+            )
+        for position, call in enumerate(message.tool_calls or ()):
+            _check_tool_call(call, f"{where}.tool_calls[{position}]")
+
+
+def _check_tool_call(call: ToolCall, where: str) -> None:
+    if call.id is None:
+        raise RenderError(
+            f"{where}.id is required: give each tool call the id its tool result refers to",
+            param=f"{where}.id",
+        )
+    if call.type != "function":
+        raise RenderError(f'{where}.type must be "function"', param=f"{where}.type")
+    arguments = call.function.arguments
+    if not isinstance(arguments, str):
+        shape = (
+            "an object" if isinstance(arguments, dict) else "null" if arguments is None else "not a string"
+        )
+        raise RenderError(
+            f"{where}.function.arguments must be a string (got {shape}): send the arguments JSON-encoded "
+            "as a string, as the OpenAI API requires",
+            param=f"{where}.function.arguments",
+        )
+
+
+def reasoning_effort_kwargs(
+    effort: str | None, chat_template_kwargs: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The template kwargs with a request's `reasoning_effort`, as vLLM's `build_chat_params` passes it: as
+    `reasoning_effort` (over a kwarg of that name), and as `enable_thinking` (`effort != "none"`) unless the
+    kwargs set it."""
+    if effort is None:
+        return chat_template_kwargs
+    given = chat_template_kwargs or {}
+    derived: dict[str, Any] = {"reasoning_effort": effort}
+    if "enable_thinking" not in given:
+        derived["enable_thinking"] = effort != "none"
+    return {**given, **derived}
 
 
 PromptShape = str | list[str] | list[int] | list[list[int]]
@@ -136,3 +268,276 @@ class CompletionRequest(_GenerationFields):
         if isinstance(value, list) and any(isinstance(item, list) and not item for item in value):
             raise ValueError("must not contain an empty token list")
         return value
+
+
+# -- /tokenize and /detokenize (vLLM 0.33's `entrypoints/serve/tokenize/protocol.py`) -------------------------
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's `TokenizeCompletionRequest` (`prompt`) or `TokenizeChatRequest` (`messages`), in one body.
+
+    With `messages` it is a chat request (as vLLM reads a body that has both); `add_special_tokens` defaults to
+    true for a prompt and false for messages, as in vLLM.
+    """
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool | None = None
+    return_token_strs: bool | None = False
+    # chat only
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> TokenizeRequest:
+        if self.messages is None and self.prompt is None:
+            raise ValueError("give `prompt` (text) or `messages` (a chat)")
+        return self
+
+    @property
+    def is_chat(self) -> bool:
+        """Whether the body is a chat (`messages`), not a text prompt."""
+        return self.messages is not None
+
+    def chat_request(self) -> ChatCompletionRequest:
+        """The chat request this body renders as (vLLM's `to_chat_completion_request`)."""
+        request = ChatCompletionRequest.model_validate(
+            {
+                "model": self.model,
+                "messages": [message.model_dump(exclude_unset=True) for message in self.messages or ()],
+                "add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message,
+                "add_special_tokens": bool(self.add_special_tokens),
+                "chat_template": self.chat_template,
+                "chat_template_kwargs": self.chat_template_kwargs,
+            }
+        )
+        # /tokenize takes `tools: []`, which the chat route refuses; the template gets it as sent.
+        return request if self.tools is None else request.model_copy(update={"tools": self.tools})
+
+
+class TokenizeResponse(BaseModel):
+    """vLLM's `TokenizeResponse`, field for field."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Strict):
+    """vLLM's `DetokenizeRequest`."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    """vLLM's `DetokenizeResponse`."""
+
+    prompt: str
+
+
+# -- Anthropic Messages (vLLM 0.33's `entrypoints/anthropic/protocol.py`) --------------------------------------
+
+
+class AnthropicToolReference(_Strict):
+    type: Literal["tool_reference"]
+    name: str
+
+
+class AnthropicTool(_Strict):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+    strict: bool | None = None
+    defer_loading: bool | None = None
+
+
+class AnthropicToolDefinition(_Strict):
+    type: Literal["tool_definition"]
+    definition: AnthropicTool
+
+
+class AnthropicContentBlock(_Strict):
+    """One content block; which fields apply depends on `type`."""
+
+    type: Literal[
+        "text",
+        "image",
+        "tool_use",
+        "tool_result",
+        "tool_reference",
+        "thinking",
+        "redacted_thinking",
+        "tool_addition",
+        "tool_removal",
+    ]
+    text: str | None = None
+    source: dict[str, Any] | None = None
+    id: str | None = None
+    tool_use_id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    content: str | list[dict[str, Any]] | None = None
+    is_error: bool | None = None
+    tool_name: str | None = None
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None
+    tool: AnthropicToolReference | AnthropicToolDefinition | None = Field(default=None, discriminator="type")
+
+    @model_validator(mode="after")
+    def _tool_change_has_its_tool(self) -> AnthropicContentBlock:
+        if self.type in ("tool_addition", "tool_removal"):
+            if self.tool is None:
+                raise ValueError(f"tool is required for {self.type} blocks")
+            if self.type == "tool_removal" and self.tool.type != "tool_reference":
+                raise ValueError("tool_removal only accepts a tool_reference")
+        return self
+
+
+def _no_tool_changes(content: str | list[AnthropicContentBlock] | None) -> None:
+    for block in content if isinstance(content, list) else ():
+        if block.type in ("tool_addition", "tool_removal"):
+            raise ValueError(f'{block.type} blocks are only allowed in messages with role "system"')
+
+
+class AnthropicMessage(_Strict):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[AnthropicContentBlock]
+
+    @model_validator(mode="after")
+    def _tool_changes_only_in_system(self) -> AnthropicMessage:
+        if self.role != "system":
+            _no_tool_changes(self.content)
+        return self
+
+
+class AnthropicToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> AnthropicToolChoice:
+        if self.type == "tool" and not self.name:
+            raise ValueError("tool_choice.name is required when type is 'tool'")
+        return self
+
+
+AnthropicEffort = Literal["low", "medium", "high", "xhigh", "max"]
+
+
+class AnthropicOutputConfig(_Strict):
+    effort: AnthropicEffort | None = None
+    format: dict[str, Any] | None = None
+
+
+class AnthropicThinkingEnabled(_Strict):
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1024)
+    display: Literal["summarized", "omitted", "updates"] | None = None
+
+
+class AnthropicThinkingDisabled(_Strict):
+    type: Literal["disabled"]
+
+
+class AnthropicThinkingAdaptive(_Strict):
+    type: Literal["adaptive"]
+    display: Literal["summarized", "omitted", "updates"] | None = None
+
+
+class AnthropicMessagesRequest(_Strict):
+    """An Anthropic Messages body (`POST /v1/messages/render`), validated as vLLM validates it."""
+
+    model: str = Field(min_length=1)
+    messages: list[AnthropicMessage]
+    max_tokens: int = Field(gt=0)
+    system: str | list[AnthropicContentBlock] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: AnthropicThinkingEnabled | AnthropicThinkingDisabled | AnthropicThinkingAdaptive | None = Field(
+        default=None, discriminator="type"
+    )
+    output_config: AnthropicOutputConfig | None = None
+    metadata: dict[str, Any] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool | None = False
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    # vLLM's additions
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    chat_template_kwargs: dict[str, Any] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+
+    @field_validator("temperature", "top_p", mode="before")
+    @classmethod
+    def _int_is_a_float(cls, value: Any) -> Any:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("system")
+    @classmethod
+    def _no_tool_changes_in_system_field(
+        cls, value: str | list[AnthropicContentBlock] | None
+    ) -> str | list[AnthropicContentBlock] | None:
+        _no_tool_changes(value)
+        return value
+
+    @model_validator(mode="after")
+    def _budget_below_max_tokens(self) -> AnthropicMessagesRequest:
+        # A disaggregated prefill leg (do_remote_decode) is sent with max_tokens=1; vLLM skips the check there.
+        remote_decode = bool((self.kv_transfer_params or {}).get("do_remote_decode"))
+        thinking = self.thinking
+        if (
+            isinstance(thinking, AnthropicThinkingEnabled)
+            and not remote_decode
+            and thinking.budget_tokens >= self.max_tokens
+        ):
+            raise ValueError("thinking.budget_tokens must be less than max_tokens")
+        return self
+
+
+# -- OpenAI Responses (vLLM 0.33's `entrypoints/openai/responses/protocol.py`) ---------------------------------
+
+
+class ResponsesReasoning(_Strict):
+    effort: ReasoningEffort | None = None
+    summary: str | None = None
+
+
+class ResponsesRequest(_Strict):
+    """An OpenAI Responses body (`POST /v1/responses/render`).
+
+    `input` items and `tools` are checked item by item where they are converted (core/requests/responses.py),
+    so that an error names the item (`input[3].call_id`).
+    """
+
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    model: str | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    reasoning: ResponsesReasoning | None = None
+    previous_response_id: str | None = None
+    prompt: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = "disabled"
+    max_output_tokens: int | None = None
+    stream: bool | None = False
+    temperature: float | None = None
+    top_p: float | None = None
+    # vLLM's additions
+    request_id: str | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("temperature", "top_p", mode="before")
+    @classmethod
+    def _int_is_a_float(cls, value: Any) -> Any:
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value

@@ -240,7 +240,9 @@ _CHAT: list[tuple[str, dict[str, Any]]] = [
                     tool_calls=[
                         _call("call_e", "get_time", ""),
                         _call("call_f", "get_weather", "not json"),
-                        _call("call_g", "get_weather", {"city": "Rome"}),
+                        # JSON, but not an object. (An object instead of a string is refused by vLLM and the
+                        # OpenAI API at request validation, before rendering: tests/renderer covers that 400.)
+                        _call("call_g", "get_weather", "[1, 2]"),
                     ],
                 ),
                 {"role": "tool", "tool_call_id": "call_e", "content": "12:00"},
@@ -284,7 +286,8 @@ _CHAT: list[tuple[str, dict[str, Any]]] = [
             "add_generation_prompt": False,
         },
     ),
-    ("tools_empty_list", {"messages": [_user("No tools today.")], "tools": []}),
+    # No `tools: []` case: vLLM 0.33 and the OpenAI API refuse it at request validation (protocol.py does too),
+    # so it never reaches a template; tests/renderer covers that 400.
     (
         "tools_fully_described",
         {

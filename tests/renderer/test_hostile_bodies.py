@@ -8,10 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from protocol_cases import (
+    ANTHROPIC_CASES,
+    DETOKENIZE_CASES,
+    NORMALIZATION_CASES,
+    RESPONSES_CASES,
+    TOKENIZE_CASES,
+)
 from starlette.testclient import TestClient
 
 from tokenfront import RenderOptions, RenderPipeline
 from tokenfront.renderer.app import create_renderer_app
+from tokenfront.renderer.routes import RENDER_PATHS
 
 KEYS = [
     "role",
@@ -113,6 +121,64 @@ def test_random_bodies_never_get_a_server_error(client: TestClient) -> None:
     [b"", b"null", b"[]", b"42", b'"text"', b"{", b'{"messages": [}', b"\xff\xfe", b'{"prompt": "a"}' * 2],
 )
 def test_non_object_bodies_are_400(client: TestClient, raw: bytes) -> None:
-    for route in ("/v1/chat/completions/render", "/v1/completions/render"):
+    for route in RENDER_PATHS:
         response = client.post(route, content=raw, headers={"content-type": "application/json"})
         assert response.status_code == 400, (route, raw, response.text)
+
+
+# Valid bodies of the protocol routes, each to be mutated at one random place.
+PROTOCOL_BODIES = [
+    *(("/v1/messages/render", {**body, "model": "qwen3"}) for _, body in ANTHROPIC_CASES),
+    *(("/v1/responses/render", body) for _, body in RESPONSES_CASES),
+    *(("/tokenize", body) for _, body in TOKENIZE_CASES),
+    *(("/detokenize", body) for _, body in DETOKENIZE_CASES),
+    *(("/v1/chat/completions/render", body) for _, body in NORMALIZATION_CASES),
+]
+PROTOCOL_KEYS = [
+    *KEYS,
+    "input",
+    "instructions",
+    "system",
+    "max_tokens",
+    "thinking",
+    "tool_use_id",
+    "input_schema",
+    "call_id",
+    "output",
+    "summary",
+    "reasoning",
+    "status",
+    "tokens",
+    "return_token_strs",
+    "source",
+    "tool",
+]
+
+
+def _mutate(rng: random.Random, value: Any) -> Any:
+    """The value with one node (a dict entry, a list item, or the whole) replaced by a random one."""
+    if rng.random() < 0.2 or not isinstance(value, (dict, list)) or not value:
+        return (
+            _value(rng)
+            if rng.random() < 0.7
+            else rng.choice([*SCALARS, {rng.choice(PROTOCOL_KEYS): _value(rng)}])
+        )
+    if isinstance(value, dict):
+        key = rng.choice([*value, rng.choice(PROTOCOL_KEYS)])
+        return {**value, key: _mutate(rng, value.get(key))}
+    index = rng.randrange(len(value))
+    return [*value[:index], _mutate(rng, value[index]), *value[index + 1 :]]
+
+
+def test_protocol_routes_never_get_a_server_error(client: TestClient) -> None:
+    rng = random.Random(20261201)
+    statuses: dict[int, int] = {}
+    for _ in range(3000):
+        route, base = rng.choice(PROTOCOL_BODIES)
+        body = _mutate(rng, base)
+        response = client.post(route, json=body)
+        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+        assert response.status_code < 500, (route, json.dumps(body)[:600], response.text[:400])
+        if response.status_code >= 400:
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    assert statuses.get(200, 0) > 300 and statuses.get(400, 0) > 300, statuses

@@ -156,6 +156,14 @@ def test_renderer_process_never_attempts_to_import_torch(
         f"{renderer.url}/v1/completions/render", json={"prompt": ["The capital of France is"]}
     )
     assert completion.json()[0]["token_ids"] == FRANCE_IDS
+    # The protocol routes too: /tokenize reads the config through transformers' config classes (max_model_len),
+    # /v1/messages/render probes the template on first use.
+    tokenized = httpx.post(f"{renderer.url}/tokenize", json={"prompt": "The capital of France is"})
+    assert tokenized.json()["tokens"] == FRANCE_IDS
+    assert tokenized.json()["max_model_len"] == 32768
+    messages = {"model": "Qwen3-0.6B", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
+    assert httpx.post(f"{renderer.url}/v1/messages/render", json=messages).status_code == 200
+    assert httpx.post(f"{renderer.url}/v1/responses/render", json={"input": "Hi"}).status_code == 200
     if Path(f"/proc/{renderer.process.pid}/maps").exists():
         mapped = _torch_mappings(renderer.process.pid)
     else:

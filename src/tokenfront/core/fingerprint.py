@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover
     orjson = None  # type: ignore[assignment]
 
 # Bump when a change to the rendering code changes ids for some input: old and new processes must not match.
-RENDER_SEMANTICS_VERSION = "1"
+RENDER_SEMANTICS_VERSION = "2"
 FINGERPRINT_VERSION = 1
 
 # Values orjson writes exactly as `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`

@@ -1,31 +1,64 @@
-"""`POST /v1/chat/completions/render` and `POST /v1/completions/render` (SPEC §2).
+"""The render routes (SPEC §2, §11): every way a request becomes prompt ids, on one pipeline.
+
+- `POST /v1/chat/completions/render`, `POST /v1/completions/render`: the OpenAI bodies;
+- `POST /v1/messages/render` (Anthropic Messages), `POST /v1/responses/render` (OpenAI Responses): the body is
+  converted to the chat request vLLM builds from it (core/requests/) and rendered like any chat;
+- `POST /tokenize`, `POST /detokenize`: vLLM's schemas, field for field.
 
 Mounted by the standalone renderer, by the worker when TOKENFRONT_ENABLE_RENDER_ENDPOINTS=1, and by the
 router: all call the same pipeline, so all answer the same ids.
 
-The answer echoes the original body as its `request` field. It is written as the bytes the client sent,
+A render answer echoes the original body as its `request` field. It is written as the bytes the client sent,
 spliced into the encoded envelope, not decoded and encoded again: that is both faster and exactly "the
 original body, unchanged" (key order, number spelling and all).
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
+from tokenfront.core.context_length import max_model_len
 from tokenfront.core.render import RenderedPrompt, RenderPipeline
-from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.core.requests import anthropic, responses
+from tokenfront.protocol import (
+    AnthropicMessagesRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ResponsesRequest,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from tokenfront.server.lean_routes import LeanRoute, json_body, raw_body
 from tokenfront.server.metrics import ServerMetrics
 from tokenfront.server.models import check_model
 from tokenfront.server.request_ids import chat_request_id, completion_request_id
 from tokenfront.server.responses import JSONBytesResponse, dumps
 
-__all__ = ["RENDER_SCHEMA_VERSION", "render_chat_response", "render_completion_response", "render_router"]
+__all__ = [
+    "RENDER_PATHS",
+    "RENDER_SCHEMA_VERSION",
+    "render_chat_response",
+    "render_completion_response",
+    "render_converted_response",
+    "render_router",
+]
 
 RENDER_SCHEMA_VERSION = 1
+# Every route `render_router` mounts (all POST).
+RENDER_PATHS = (
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+    "/v1/messages/render",
+    "/v1/responses/render",
+    "/tokenize",
+    "/detokenize",
+)
 
 
 def _envelope(
@@ -49,25 +82,52 @@ def _with_request(envelope: dict[str, Any], request_json: bytes) -> bytes:
     return dumps(envelope)[:-1] + b',"request":' + request_json + b"}"
 
 
-def render_chat_response(
-    pipeline: RenderPipeline, request: ChatCompletionRequest, body: dict[str, Any], raw: bytes
-) -> tuple[bytes, RenderedPrompt]:
-    """The render answer for one chat request, as JSON (`body` parsed from `raw`, which is echoed)."""
-    check_model(request.model, pipeline.served_model_names)
-    rendered = pipeline.render_chat(request, body=body)
+def _chat_envelope(
+    pipeline: RenderPipeline,
+    rendered: RenderedPrompt,
+    *,
+    kind: str,
+    request_id: str,
+    body: dict[str, Any],
+    raw: bytes,
+) -> bytes:
     reasoning_kwargs = (
         {"chat_template_kwargs": rendered.chat_template_kwargs}
         if pipeline.reasoning_parser is not None
         else None
     )
     envelope = _envelope(
-        kind="chat",
-        request_id=chat_request_id(),
-        rendered=rendered,
-        request=body,
-        reasoning_kwargs=reasoning_kwargs,
+        kind=kind, request_id=request_id, rendered=rendered, request=body, reasoning_kwargs=reasoning_kwargs
     )
-    return _with_request(envelope, raw), rendered
+    return _with_request(envelope, raw)
+
+
+def render_chat_response(
+    pipeline: RenderPipeline, request: ChatCompletionRequest, body: dict[str, Any], raw: bytes
+) -> tuple[bytes, RenderedPrompt]:
+    """The render answer for one chat request, as JSON (`body` parsed from `raw`, which is echoed)."""
+    check_model(request.model, pipeline.served_model_names)
+    # The tools as the template sees them (vLLM's dump of each: `"description": null` and all), not as sent.
+    seen = body if request.tools is None else {**body, "tools": request.tool_dicts()}
+    rendered = pipeline.render_chat(request, body=seen)
+    return _chat_envelope(
+        pipeline, rendered, kind="chat", request_id=chat_request_id(), body=body, raw=raw
+    ), rendered
+
+
+def render_converted_response(
+    pipeline: RenderPipeline,
+    request: ChatCompletionRequest,
+    *,
+    kind: str,
+    request_id: str,
+    body: dict[str, Any],
+    raw: bytes,
+) -> tuple[bytes, RenderedPrompt]:
+    """The render answer for another API's body (`kind` "messages" or "responses"), converted to the chat
+    `request` vLLM builds from it; the envelope echoes the original body."""
+    rendered = pipeline.render_chat(request)
+    return _chat_envelope(pipeline, rendered, kind=kind, request_id=request_id, body=body, raw=raw), rendered
 
 
 def render_completion_response(
@@ -96,6 +156,57 @@ def render_completion_response(
     return b"[" + b",".join(encoded) + b"]", items
 
 
+def tokenize_response(
+    pipeline: RenderPipeline, request: TokenizeRequest, context_length: int
+) -> dict[str, Any]:
+    """vLLM's `/tokenize` answer: a chat rendered as `/v1/chat/completions/render` renders it, or text
+    encoded as a completions prompt (`add_special_tokens` defaults: false for chat, true for text)."""
+    check_model(request.model, pipeline.served_model_names)
+    if request.is_chat:
+        ids = pipeline.render_chat(request.chat_request()).token_ids
+    else:
+        assert request.prompt is not None  # the model requires prompt or messages
+        add_special = True if request.add_special_tokens is None else request.add_special_tokens
+        ids = pipeline.tokenize(request.prompt, add_special_tokens=add_special)
+    strings = list(pipeline.tokenizer.convert_ids_to_tokens(ids)) if request.return_token_strs else None
+    return TokenizeResponse(
+        count=len(ids), max_model_len=context_length, tokens=ids, token_strs=strings
+    ).model_dump()
+
+
+def _responses_request_id(request: ResponsesRequest) -> str:
+    # vLLM's ResponsesRequest.request_id: the client's, else "resp_" and 32 hex digits.
+    return request.request_id or f"resp_{secrets.token_hex(16)}"
+
+
+class _PipelineFacts:
+    """What the routes derive from the pipeline once, on first use (vLLM derives them at start-up)."""
+
+    def __init__(self, pipeline: RenderPipeline) -> None:
+        self.pipeline = pipeline
+        self._max_model_len: int | None = None
+        self._anthropic: anthropic.AnthropicTemplateTraits | None = None
+
+    @property
+    def max_model_len(self) -> int:
+        if self._max_model_len is None:
+            self._max_model_len = max_model_len(self.pipeline.checkpoint.config)
+        return self._max_model_len
+
+    @property
+    def anthropic_traits(self) -> anthropic.AnthropicTemplateTraits:
+        if self._anthropic is None:
+            self._anthropic = anthropic.AnthropicTemplateTraits.probe(self.pipeline)
+        return self._anthropic
+
+
+def _facts(app: FastAPI) -> _PipelineFacts:
+    facts = getattr(app.state, "render_facts", None)
+    if facts is None or facts.pipeline is not app.state.pipeline:
+        facts = app.state.render_facts = _PipelineFacts(app.state.pipeline)
+    return facts
+
+
 def render_router() -> APIRouter:
     """The render routes; they use the pipeline on `app.state.pipeline`."""
     router = APIRouter(tags=["render"], route_class=LeanRoute)
@@ -104,16 +215,70 @@ def render_router() -> APIRouter:
     async def render_chat(request: ChatCompletionRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
         content, rendered = render_chat_response(pipeline, request, json_body(raw), raw_body(raw))
-        metrics: ServerMetrics = raw.app.state.metrics
-        metrics.count_rendered("chat", 1, len(rendered.token_ids))
+        _metrics(raw).count_rendered("chat", 1, len(rendered.token_ids))
         return JSONBytesResponse(content)
 
     @router.post("/v1/completions/render", summary="Render a completions request into prompt token ids")
     async def render_completion(request: CompletionRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
         content, items = render_completion_response(pipeline, request, json_body(raw), raw_body(raw))
-        metrics: ServerMetrics = raw.app.state.metrics
-        metrics.count_rendered("completion", len(items), sum(len(item.token_ids) for item in items))
+        _metrics(raw).count_rendered("completion", len(items), sum(len(item.token_ids) for item in items))
         return JSONBytesResponse(content)
 
+    @router.post(
+        "/v1/messages/render",
+        summary="Render an Anthropic Messages request into prompt token ids (the conversation vLLM builds)",
+    )
+    async def render_messages(request: AnthropicMessagesRequest, raw: Request) -> Response:
+        pipeline: RenderPipeline = raw.app.state.pipeline
+        check_model(request.model, pipeline.served_model_names)
+        chat = anthropic.to_chat_request(request, _facts(raw.app).anthropic_traits)
+        content, rendered = render_converted_response(
+            pipeline,
+            chat,
+            kind="messages",
+            request_id=chat_request_id(),
+            body=json_body(raw),
+            raw=raw_body(raw),
+        )
+        _metrics(raw).count_rendered("messages", 1, len(rendered.token_ids))
+        return JSONBytesResponse(content)
+
+    @router.post(
+        "/v1/responses/render",
+        summary="Render an OpenAI Responses request into prompt token ids (the conversation vLLM builds)",
+    )
+    async def render_responses(request: ResponsesRequest, raw: Request) -> Response:
+        pipeline: RenderPipeline = raw.app.state.pipeline
+        check_model(request.model, pipeline.served_model_names)
+        chat = responses.to_chat_request(request)
+        content, rendered = render_converted_response(
+            pipeline,
+            chat,
+            kind="responses",
+            request_id=_responses_request_id(request),
+            body=json_body(raw),
+            raw=raw_body(raw),
+        )
+        _metrics(raw).count_rendered("responses", 1, len(rendered.token_ids))
+        return JSONBytesResponse(content)
+
+    @router.post("/tokenize", summary="Token ids of a text prompt or a chat (vLLM's /tokenize)")
+    async def tokenize(request: TokenizeRequest, raw: Request) -> Response:
+        pipeline: RenderPipeline = raw.app.state.pipeline
+        answer = tokenize_response(pipeline, request, _facts(raw.app).max_model_len)
+        _metrics(raw).count_rendered("tokenize", 1, answer["count"])
+        return JSONBytesResponse(answer)
+
+    @router.post("/detokenize", summary="Text of token ids (vLLM's /detokenize)")
+    async def detokenize(request: DetokenizeRequest, raw: Request) -> Response:
+        pipeline: RenderPipeline = raw.app.state.pipeline
+        check_model(request.model, pipeline.served_model_names)
+        return JSONBytesResponse(DetokenizeResponse(prompt=pipeline.detokenize(request.tokens)).model_dump())
+
     return router
+
+
+def _metrics(raw: Request) -> ServerMetrics:
+    metrics: ServerMetrics = raw.app.state.metrics
+    return metrics

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.renderer.routes import RENDER_PATHS
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.proxy import Proxy
 from tokenfront.router.workers import WorkerPool, WorkerSpec, normalize_url
@@ -145,6 +146,6 @@ def render_unavailable_router() -> APIRouter:
             error_type="server_error",
         )
 
-    router.add_api_route("/v1/chat/completions/render", unavailable, methods=["POST"])
-    router.add_api_route("/v1/completions/render", unavailable, methods=["POST"])
+    for path in RENDER_PATHS:
+        router.add_api_route(path, unavailable, methods=["POST"])
     return router
