@@ -25,12 +25,17 @@ from derender_cases import (
     stream_bodies,
 )
 
-from conftest import ServerProcess, start_server
+# The root conftest's launcher: `from conftest import` would find whichever conftest pytest loaded last.
+_ROOT_CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
 
 
 @pytest.fixture(scope="module")
-def derenderer(qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = start_server(
+def derenderer(
+    request: pytest.FixtureRequest, qwen3: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    root = request.config.pluginmanager.get_plugin(str(_ROOT_CONFTEST))
+    assert root is not None, f"{_ROOT_CONFTEST} is not loaded"
+    server = root.start_server(
         ["render", "--model", str(qwen3), "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes"],
         log_dir=tmp_path_factory.mktemp("derenderer"),
     )
@@ -39,7 +44,7 @@ def derenderer(qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 @pytest.fixture(scope="module")
-def post(derenderer: ServerProcess) -> Iterator[Callable[[str, dict[str, Any]], tuple[int, Any]]]:
+def post(derenderer: Any) -> Iterator[Callable[[str, dict[str, Any]], tuple[int, Any]]]:
     with httpx.Client(base_url=derenderer.url, timeout=60) as client:
 
         def send(path: str, body: dict[str, Any]) -> tuple[int, Any]:
