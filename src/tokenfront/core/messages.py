@@ -30,7 +30,13 @@ from typing import Any
 from tokenfront.core.errors import RenderError, UnsupportedContentError
 from tokenfront.core.templates import ContentFormat
 
-__all__ = ["CLAUDE_CODE_BILLING_HEADER", "MEDIA_PARTS", "normalize_messages", "parse_tool_arguments"]
+__all__ = [
+    "CLAUDE_CODE_BILLING_HEADER",
+    "MEDIA_PARTS",
+    "normalize_messages",
+    "parse_tool_arguments",
+    "refuse_media_part",
+]
 
 CLAUDE_CODE_BILLING_HEADER = "x-anthropic-billing-header"
 
@@ -57,6 +63,17 @@ MEDIA_PARTS = frozenset(
         "input_file",
     }
 )
+
+
+def refuse_media_part(kind: object, param: str) -> None:
+    """A 400 for a content part that carries media: every chat format renders text parts only."""
+    if kind in MEDIA_PARTS:
+        raise UnsupportedContentError(
+            f"{param} is a {kind!r} part: multimodal content (images, audio, video, files) is not yet supported "
+            "by tokenfront's render endpoints; send text parts only",
+            param=param,
+            code="multimodal_not_supported",
+        )
 
 
 def normalize_messages(
@@ -155,13 +172,7 @@ def _part(part: Any, *, param: str) -> dict[str, str] | None:
         kind = media
     if not isinstance(kind, str):
         raise RenderError(f"{param}.type must be a string", param=f"{param}.type")
-    if kind in MEDIA_PARTS:
-        raise UnsupportedContentError(
-            f"{param} is a {kind!r} part: multimodal content (images, audio, video, files) is not yet supported "
-            "by tokenfront's render endpoints; send text parts only",
-            param=param,
-            code="multimodal_not_supported",
-        )
+    refuse_media_part(kind, param)
     if kind == "tool_reference":
         name = part.get("name")
         if name is None:

@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 from starlette.responses import Response
 
-from tokenfront.core.output import ChoiceParser, OutputConfig, OutputDelta, OutputStateError
+from tokenfront.core.output import ChoiceParser, OutputConfig, OutputDelta, OutputStateError, vllm_usage
 from tokenfront.core.reasoning import reasoning_ended
 from tokenfront.core.render import RenderPipeline
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
@@ -201,23 +201,13 @@ def _read(
 # -- vLLM's response shapes ---------------------------------------------------------------------------------
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
-        "completion_tokens_details": None,
-    }
-
-
 def _chunk_usage(output: GenerateOutput, prompt_tokens: int | None) -> dict[str, Any] | None:
     # A chunk carries usage when the generate chunk does; the prompt count is the render step's.
     if output.usage is None:
         return None
     completion = int(output.usage.get("completion_tokens") or 0)
     prompt = prompt_tokens if prompt_tokens is not None else int(output.usage.get("prompt_tokens") or 0)
-    return _usage(prompt, completion)
+    return vllm_usage(prompt, completion)
 
 
 def _message(delta: OutputDelta, request: ChatCompletionRequest | None) -> dict[str, Any]:
@@ -276,7 +266,7 @@ def derender_chat(reader: _Reader, body: ChatDerenderRequest) -> dict[str, Any]:
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": None,
-        "usage": _usage(prompt_tokens, completion_tokens),
+        "usage": vllm_usage(prompt_tokens, completion_tokens),
         "prompt_logprobs": None,
         "prompt_token_ids": None,
         "prompt_text": None,
@@ -326,7 +316,7 @@ def derender_completion(reader: _Reader, body: CompletionDerenderRequest) -> dic
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": None,
-        "usage": _usage(sum(c or 0 for c in counts), completion_tokens),
+        "usage": vllm_usage(sum(c or 0 for c in counts), completion_tokens),
         "kv_transfer_params": first.kv_transfer_params
         if all(o.kv_transfer_params == first.kv_transfer_params for o in outputs)
         else None,

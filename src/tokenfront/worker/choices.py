@@ -8,7 +8,11 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from starlette.requests import Request
+
 from tokenfront.core.output import ChoiceParser, FinishedChoice, OutputDelta
+from tokenfront.server.disconnect import unless_disconnected
+from tokenfront.server.errors import APIError
 from tokenfront.worker.engine import NO_TOKEN, Engine, GenerationRequest, TokenOutput
 from tokenfront.worker.metrics import WorkerMetrics
 
@@ -92,6 +96,27 @@ async def collect(run: ChoiceRun) -> FinishedChoice:
     async for event in run.events():
         output.extend(event.delta)
     return FinishedChoice(run.index, output, run.tokens)
+
+
+async def collect_all(runs: list[ChoiceRun], raw: Request) -> list[FinishedChoice]:
+    """Run every choice to its end, for a non-streaming answer, while watching the client.
+
+    The client leaving aborts the runs and raises `ClientDisconnected`; the engine refusing a sequence it
+    cannot run is a 400. Whatever ends the wait, no run is left going.
+    """
+
+    def abort_runs() -> None:
+        for run in runs:
+            run.cancel("client_disconnected")
+
+    work = asyncio.gather(*(collect(run) for run in runs))
+    try:
+        return list(await unless_disconnected(work, raw, on_disconnect=abort_runs))
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from exc
+    finally:
+        for run in runs:
+            run.cancel("error")
 
 
 async def merged_events(runs: list[ChoiceRun]) -> AsyncIterator[ChoiceEvent]:

@@ -14,7 +14,6 @@ versions, multimodal placeholders) are null, as vLLM sends them when its own fea
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -23,15 +22,15 @@ from typing import Any
 from fastapi import Request
 from starlette.responses import StreamingResponse
 
-from tokenfront.core.output import ChoiceParser, FinishedChoice, OutputConfig, OutputDelta
+from tokenfront.core.output import ChoiceParser, FinishedChoice, OutputConfig, OutputDelta, vllm_usage
 from tokenfront.core.reasoning import reasoning_ended
 from tokenfront.protocol import ChatCompletionRequest, NamedToolChoice
-from tokenfront.server.disconnect import ClientDisconnected, client_disconnected_response, unless_disconnected
+from tokenfront.server.disconnect import ClientDisconnected, client_disconnected_response
 from tokenfront.server.errors import APIError
 from tokenfront.server.models import check_model
 from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.server.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
-from tokenfront.worker.choices import ChoiceEvent, ChoiceRun, collect, merged_events
+from tokenfront.worker.choices import ChoiceEvent, ChoiceRun, collect_all, merged_events
 from tokenfront.worker.engine import GenerationRequest, SamplingParams, TokenOutput
 from tokenfront.worker.generate_protocol import GenerateRequest, unsupported_sampling
 from tokenfront.worker.sampling import SamplingDefaults
@@ -73,22 +72,10 @@ class GenerateService:
         self.service.metrics.prompt_tokens.labels(ROUTE).inc(len(request.token_ids))
         if request.stream:
             return StreamingResponse(self._stream(generation), media_type=SSE_MEDIA_TYPE)
-        runs = generation.runs
-
-        def abort_runs() -> None:
-            for run in runs:
-                run.cancel("client_disconnected")
-
-        work = asyncio.gather(*(collect(run) for run in runs))
         try:
-            choices = await unless_disconnected(work, raw, on_disconnect=abort_runs)
+            choices = await collect_all(generation.runs, raw)
         except ClientDisconnected:
             return client_disconnected_response()
-        except ValueError as exc:  # the engine refused a sequence it cannot run
-            raise APIError(400, str(exc)) from exc
-        finally:
-            for run in runs:
-                run.cancel("error")
         self._count_usage(generation)
         return JSONBytesResponse(self._response(generation, choices))
 
@@ -203,7 +190,7 @@ class GenerateService:
             "model": request.model or self.service.pipeline.served_model_names[0],
             "created": int(time.time()),
             "usage": {
-                **_usage(prompt_tokens, completion_tokens),
+                **vllm_usage(prompt_tokens, completion_tokens),
                 "prompt_tokens_details": {
                     "cached_tokens": generation.cached_tokens(),
                     "created_cache_tokens": None,
@@ -314,13 +301,13 @@ class GenerateService:
                     continue
                 chunk: dict[str, Any] = {"request_id": generation.request_id, "usage": None}
                 if continuous:
-                    chunk["usage"] = _usage(len(request.token_ids), len(run.tokens))
+                    chunk["usage"] = vllm_usage(len(request.token_ids), len(run.tokens))
                 if prompt_ids is not None:
                     chunk["prompt_token_ids"], prompt_ids = prompt_ids, None
                 yield sse_event({**chunk, "output_mode": request.output_mode, "choices": [choice]})
             self._count_usage(generation)
             if include_usage:
-                usage = _usage(len(request.token_ids), generation.completion_tokens())
+                usage = vllm_usage(len(request.token_ids), generation.completion_tokens())
                 # vLLM dumps the usage chunk without its null fields.
                 usage = {k: v for k, v in usage.items() if v is not None}
                 usage["prompt_tokens_details"] = {"cached_tokens": generation.cached_tokens()}
@@ -356,17 +343,6 @@ class GenerateService:
         else:
             choice["logprobs"] = _token_logprobs(event.tokens) if with_logprobs else None
         return choice
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    """vLLM's `UsageInfo` as it dumps it, without details."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
-        "completion_tokens_details": None,
-    }
 
 
 def _refuse_unsupported(request: GenerateRequest) -> None:

@@ -37,13 +37,13 @@ from tokenfront.core.output import (
 from tokenfront.core.output.harmony import reads_harmony
 from tokenfront.core.render import RenderPipeline
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
-from tokenfront.server.disconnect import ClientDisconnected, client_disconnected_response, unless_disconnected
+from tokenfront.server.disconnect import ClientDisconnected, client_disconnected_response
 from tokenfront.server.errors import APIError, error_body
 from tokenfront.server.models import check_model
 from tokenfront.server.request_ids import chat_request_id, completion_request_id
 from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.server.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
-from tokenfront.worker.choices import ChoiceRun, collect, merged_events
+from tokenfront.worker.choices import ChoiceRun, collect_all, merged_events
 from tokenfront.worker.engine import Engine, GenerationRequest, SamplingParams
 from tokenfront.worker.metrics import WorkerMetrics
 from tokenfront.worker.prompts import PromptBuilder, PromptInput
@@ -228,21 +228,10 @@ class WorkerService:
             self.metrics.prompt_tokens.labels(plan.route).inc(prompt.usage_tokens)
         if plan.stream:
             return StreamingResponse(self._sse(plan), media_type=SSE_MEDIA_TYPE)
-
-        def abort_runs() -> None:
-            for run in plan.runs:
-                run.cancel("client_disconnected")
-
-        work = asyncio.gather(*(collect(run) for run in plan.runs))
         try:
-            choices = await unless_disconnected(work, raw, on_disconnect=abort_runs)
+            choices = await collect_all(plan.runs, raw)
         except ClientDisconnected:
             return client_disconnected_response()
-        except ValueError as exc:  # the engine refused a sequence it cannot run
-            raise APIError(400, str(exc)) from exc
-        finally:
-            for run in plan.runs:
-                run.cancel("error")
         self._count_usage(plan)
         return JSONBytesResponse(plan.formatter.response(choices, plan.usage()))
 

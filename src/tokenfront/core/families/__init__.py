@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     from tokenfront.core.checkpoint import Checkpoint
     from tokenfront.protocol import ChatCompletionRequest
 
-__all__ = ["FAMILIES", "GENERIC", "ChatFormat", "FormattedChat", "ModelFamily", "chat_format_for", "family_for"]
+__all__ = [
+    "FAMILIES",
+    "GENERIC",
+    "ChatFormat",
+    "FormattedChat",
+    "ModelFamily",
+    "chat_format_for",
+    "family_for",
+]
 
 Decode = Callable[[Sequence[int]], str]
 

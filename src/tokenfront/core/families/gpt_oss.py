@@ -58,8 +58,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenfront.core.errors import CheckpointError, RenderError, UnsupportedContentError
-from tokenfront.core.messages import MEDIA_PARTS  # text only, as the template path
+from tokenfront.core.errors import CheckpointError, RenderError
+from tokenfront.core.messages import refuse_media_part
 
 if TYPE_CHECKING:
     from openai_harmony import HarmonyEncoding
@@ -327,13 +327,7 @@ def _check_message(message: Mapping[str, Any], index: int) -> None:
 
 def _check_part(part: Any, param: str) -> None:
     kind = part.get("type") if isinstance(part, dict) else None
-    if kind in MEDIA_PARTS:
-        raise UnsupportedContentError(
-            f"{param} is a {kind!r} part: multimodal content (images, audio, video, files) is not yet supported "
-            "by tokenfront's render endpoints; send text parts only",
-            param=param,
-            code="multimodal_not_supported",
-        )
+    refuse_media_part(kind, param)
     field = {"text": "text", "refusal": "refusal"}.get(kind) if isinstance(kind, str) else None
     if field is None:
         raise RenderError(

@@ -30,10 +30,10 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenfront.core.errors import CheckpointError, RenderError, UnsupportedContentError
+from tokenfront.core.errors import CheckpointError, RenderError
 from tokenfront.core.messages import (
-    MEDIA_PARTS,  # text only, as the template path
     parse_tool_arguments,
+    refuse_media_part,
 )
 
 if TYPE_CHECKING:
@@ -317,13 +317,7 @@ def _refuse_media(content: Any, *, param: str) -> None:
         return
     for number, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in MEDIA_PARTS:
-            raise UnsupportedContentError(
-                f"{param}[{number}] is a {kind!r} part: multimodal content (images, audio, video, files) is not "
-                "yet supported by tokenfront's render endpoints; send text parts only",
-                param=f"{param}[{number}]",
-                code="multimodal_not_supported",
-            )
+        refuse_media_part(kind, f"{param}[{number}]")
 
 
 def _check_final_message(

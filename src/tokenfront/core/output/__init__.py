@@ -58,6 +58,7 @@ from tokenfront.core.output.formatting import (
     chat_logprobs,
     completion_logprobs,
     usage,
+    vllm_usage,
 )
 
 __all__ = [
@@ -78,4 +79,5 @@ __all__ = [
     "parse_output",
     "resolve_finish_reason",
     "usage",
+    "vllm_usage",
 ]

@@ -95,6 +95,17 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
+def vllm_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """vLLM's `UsageInfo` as it dumps it, without details (derender and the generate route answer in it)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+
+
 @dataclass(frozen=True)
 class AnswerHead:
     """What every object of one answer repeats. `include_usage`: a stream carries `usage` (null until its
