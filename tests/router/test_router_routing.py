@@ -167,7 +167,7 @@ def test_router_gate_follows_a_worker_with_another_template(
 def test_router_streams_pass_through_as_they_arrive(client: httpx.Client, workers: list[Any]) -> None:
     body = {
         "messages": [{"role": "user", "content": words(400, 20)}],
-        "max_tokens": 48,
+        "max_tokens": 160,  # long enough that the relay takes well over 0.05 s even on a fast machine
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
