@@ -219,9 +219,12 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         type=_worker_spec,
-        metavar="URL[,kv-events=ENDPOINT[,kv-replay=ENDPOINT]]",
+        metavar="URL[,kv-events=ENDPOINT[,kv-replay=ENDPOINT]][,protocol=openai|generate][,verify=probe]",
         help="a worker's base URL (repeat for each); `,kv-events=tcp://HOST:PORT` subscribes to a vLLM "
-        "worker's ZMQ KV events. More can be added at runtime with POST /workers",
+        "worker's ZMQ KV events; `,protocol=generate` sends forwarded ids to vLLM's /inference/v1/generate "
+        "(default: openai, as prompt_token_ids); `,verify=probe` lets a worker with no rendering fingerprint "
+        "(vLLM) be forwarded to when its /tokenize answers a built-in probe corpus with the router's ids. "
+        "More can be added at runtime with POST /workers",
     )
     group.add_argument(
         "--policy",

@@ -159,11 +159,19 @@ class PlainOpenAIServer:
     It answers `/v1/chat/completions` and `/v1/completions` with a fixed reply and records every body it
     received; `/health` answers 200. `/server_info` is a 404, as on vLLM or any other server — unless
     `server_info` is given, in which case it answers that (a stand-in publishing a chosen fingerprint).
+    `POST /tokenize` is a 404 too — unless `tokenize` is given: it gets each body (recorded in
+    `tokenize_bodies`) and returns the status and payload to answer (a stand-in for vLLM's `/tokenize`).
     """
 
-    def __init__(self, server_info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        server_info: dict[str, Any] | None = None,
+        tokenize: Callable[[dict[str, Any]], tuple[int, Any]] | None = None,
+    ) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.tokenize_bodies: list[dict[str, Any]] = []
         self.server_info = server_info
+        self.tokenize = tokenize
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -182,6 +190,10 @@ class PlainOpenAIServer:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+                if self.path == "/tokenize" and owner.tokenize is not None:
+                    owner.tokenize_bodies.append(body)
+                    self._json(*owner.tokenize(body))
+                    return
                 if self.path not in ("/v1/chat/completions", "/v1/completions"):
                     self._json(404, {"error": {"message": "not found"}})
                     return
@@ -231,8 +243,11 @@ def plain_servers() -> Iterator[Callable[..., PlainOpenAIServer]]:
     """Start plain OpenAI servers; all are shut down at the end of the module."""
     started: list[PlainOpenAIServer] = []
 
-    def start(server_info: dict[str, Any] | None = None) -> PlainOpenAIServer:
-        server = PlainOpenAIServer(server_info)
+    def start(
+        server_info: dict[str, Any] | None = None,
+        tokenize: Callable[[dict[str, Any]], tuple[int, Any]] | None = None,
+    ) -> PlainOpenAIServer:
+        server = PlainOpenAIServer(server_info, tokenize)
         started.append(server)
         return server
 

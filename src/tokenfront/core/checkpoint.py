@@ -109,6 +109,13 @@ class Checkpoint:
             return self.source.removeprefix("hub:") or "default"
         return self.model_path.name
 
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The ids that end generation and are never shown: generation_config's `eos_token_id` (else the
+        config's) and the tokenizer's, as vLLM takes them."""
+        declared = self.generation_config.get("eos_token_id", self.config.get("eos_token_id"))
+        return frozenset(_int_ids(declared) + _int_ids(getattr(self.tokenizer, "eos_token_id", None)))
+
 
 def resolve_folder(name_or_path: str, *, what: str) -> tuple[Path, str]:
     """Return a local folder for a path or a hub id, fetching only the render files from the hub."""
@@ -405,3 +412,12 @@ def tokenizer_source_file(tokenizer: Any) -> Path | None:
     if isinstance(vocab_file, (str, os.PathLike)):
         candidates.append(Path(vocab_file))
     return next((path for path in candidates if path.is_file()), None)
+
+
+def _int_ids(value: Any) -> list[int]:
+    """An id or a list of ids from a config file (anything else: none)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []

@@ -126,11 +126,7 @@ class _Reader:
         self.pipeline = pipeline
         tokenizer = pipeline.tokenizer
         self.primary_eos: int | None = getattr(tokenizer, "eos_token_id", None)
-        generation = pipeline.checkpoint.generation_config or {}
-        config = pipeline.checkpoint.config or {}
-        self.eos_ids = frozenset(
-            _ids(generation.get("eos_token_id", config.get("eos_token_id")))
-        ) | frozenset(_ids(self.primary_eos))
+        self.eos_ids = pipeline.checkpoint.eos_token_ids
 
     def check(self, ids: Sequence[int], param: str) -> None:
         self.pipeline.validate_token_ids(list(ids), param=param)
@@ -177,12 +173,6 @@ class _Reader:
             return choice.stop_reason
         last = choice.token_ids[-1]
         return last if last in parser.config.hidden_ids and last != self.primary_eos else None
-
-
-def _ids(value: Any) -> list[int]:
-    if isinstance(value, int):
-        return [value]
-    return [v for v in value or () if isinstance(v, int)]
 
 
 def _read(

@@ -27,6 +27,7 @@ from tokenfront.renderer.routes import render_router
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies import build_policy
+from tokenfront.router.probe import Prober
 from tokenfront.router.proxy import Proxy, RouterMetrics
 from tokenfront.router.routes import (
     inference_router,
@@ -79,7 +80,8 @@ def create_router_app(
     )
     has_model_path = pipeline is not None and pipeline.checkpoint.model_path is not None
     gate = ForwardingGate(pipeline.fingerprint if pipeline else None, has_model_path=has_model_path)
-    pool = WorkerPool(kv_index, settings.pool)
+    # Probes `verify=probe` workers (no fingerprint, e.g. vLLM) against the router's own rendering.
+    pool = WorkerPool(kv_index, settings.pool, prober=Prober(pipeline) if pipeline is not None else None)
     server_metrics = ServerMetrics()
     metrics = RouterMetrics(server_metrics.registry)
     pool.on_change = lambda: _reevaluate(pool, gate, metrics)

@@ -6,6 +6,11 @@ otherwise each worker renders the original request itself and the router's ids o
 one warning naming each worker (or the router itself) that blocks forwarding and why — again only when that
 set or a reason changes, and once at INFO when forwarding resumes.
 
+A worker that publishes no fingerprint but was added with `verify=probe` (vLLM) is compared by its render
+probe instead (`router.probe`): it is eligible when every probe case gave the router's ids, and the first
+differing case is its reason otherwise. That is weaker evidence than a fingerprint, so whenever forwarding is
+on with such workers active the gate warns once (per change) that it forwards on a probe.
+
 Some requests are never forwarded whatever the fingerprints say (`never_forward_reason`): a named
 `tool_choice` (the worker appends a forced-call prefix when it renders), a model family whose usage count
 needs the prompt text (`kimi_k3`), and a prompt that carries a reasoning mode when a worker's reasoning
@@ -36,10 +41,14 @@ class GateState:
     forwarding: bool
     router_reasons: tuple[str, ...] = ()
     blocking: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Active workers eligible only by their render probe (no fingerprint): URL -> probe cases compared.
+    verified_by_probe: Mapping[str, int] = field(default_factory=dict)
 
     def key(self) -> tuple[object, ...]:
-        """What a change is measured on: the router's reasons and each blocking worker's reasons."""
-        return (self.router_reasons, tuple(sorted(self.blocking.items())))
+        """What a change is measured on: the router's reasons, each blocking worker's reasons, and — while
+        forwarding — the workers it forwards to on a probe."""
+        verified = tuple(sorted(self.verified_by_probe.items())) if self.forwarding else ()
+        return (self.router_reasons, tuple(sorted(self.blocking.items())), verified)
 
     def describe(self) -> str:
         """`router reason; URL: reason, reason; ...` for the log (router reasons name the router)."""
@@ -47,13 +56,23 @@ class GateState:
         parts += [f"{url}: {', '.join(reasons)}" for url, reasons in sorted(self.blocking.items())]
         return "; ".join(parts)
 
+    def describe_verified(self) -> str:
+        """`URL verified by probe, N cases; ...` for the log."""
+        return "; ".join(
+            f"{url} verified by probe, {cases} cases" for url, cases in sorted(self.verified_by_probe.items())
+        )
+
     def to_json(self) -> dict[str, object]:
-        """The published form (on `/server_info` and `GET /workers`)."""
-        return {
+        """The published form (on `/server_info` and `GET /workers`); `verified_by_probe` only when some
+        active worker is eligible by its probe alone."""
+        published: dict[str, object] = {
             "forwarding": self.forwarding,
             "router_reasons": list(self.router_reasons),
             "blocking_workers": {url: list(reasons) for url, reasons in sorted(self.blocking.items())},
         }
+        if self.verified_by_probe:
+            published["verified_by_probe"] = dict(sorted(self.verified_by_probe.items()))
+        return published
 
 
 def router_reasons(fingerprint: Fingerprint | None, *, has_model_path: bool) -> tuple[str, ...]:
@@ -85,23 +104,49 @@ class ForwardingGate:
         self._logged: tuple[object, ...] | None = None
 
     def worker_reasons(self, report: WorkerReport | None) -> tuple[str, ...]:
-        """Why ids rendered by the router may not be what this worker renders (empty: it matches)."""
-        if report is None or report.fingerprint is None:
-            missing = report.missing if report is not None else "not checked yet"
-            return (f"no fingerprint ({missing})",)
+        """Why ids rendered by the router may not be what this worker renders (empty: it matches).
+
+        Without a fingerprint, a worker's render probe decides; with one, the fingerprint does, and a failing
+        probe is one more reason.
+        """
+        if report is None:
+            return ("no fingerprint (not checked yet)",)
+        probe = report.probe
+        if report.fingerprint is None:
+            if probe is None:
+                return (f"no fingerprint ({report.missing})",)
+            return (probe.difference,) if probe.difference is not None else ()
+        reasons = self.fingerprint_reasons(report.fingerprint)
+        return (*reasons, probe.difference) if probe is not None and probe.difference is not None else reasons
+
+    def fingerprint_reasons(self, fingerprint: Fingerprint) -> tuple[str, ...]:
+        """How a worker's fingerprint differs from the router's (empty: it matches)."""
         if self._comparable is None:
             return ()  # nothing to compare against: the router's own reason says it all
-        return tuple(self._comparable.compare(report.fingerprint, other_name="worker"))
+        return tuple(self._comparable.compare(fingerprint, other_name="worker"))
+
+    @staticmethod
+    def probe_verified(report: WorkerReport | None) -> int | None:
+        """The probe cases compared when the worker is eligible by its probe alone (no fingerprint), else None."""
+        if report is None or report.fingerprint is not None or report.probe is None:
+            return None
+        return report.probe.compared if report.probe.difference is None else None
 
     def evaluate(self, reports: Mapping[str, WorkerReport | None]) -> GateState:
         """Decide for the active workers' reports (URL -> report), and log when the decision changed."""
         blocking = {
             url: reasons for url, report in reports.items() if (reasons := self.worker_reasons(report))
         }
+        verified = {
+            url: cases
+            for url, report in reports.items()
+            if (cases := self.probe_verified(report)) is not None
+        }
         state = GateState(
             forwarding=not self._router_reasons and not blocking,
             router_reasons=self._router_reasons,
             blocking=blocking,
+            verified_by_probe=verified,
         )
         self._log_change(state)
         self.state = state
@@ -112,6 +157,7 @@ class ForwardingGate:
         if key == self._logged:
             return
         first = self._logged is None
+        was_forwarding = self.state.forwarding
         self._logged = key
         if not state.forwarding:
             log.warning(
@@ -119,7 +165,13 @@ class ForwardingGate:
                 "choose the worker. Blocked by %s",
                 state.describe(),
             )
-        elif not first:
+        elif state.verified_by_probe:
+            log.warning(
+                "forwarding token ids to workers that publish no fingerprint: %s (a probe shows that these "
+                "cases render alike, not that every request does)",
+                state.describe_verified(),
+            )
+        elif not first and not was_forwarding:
             log.info(
                 "forwarding token ids again: every active worker matches the router's rendering fingerprint"
             )

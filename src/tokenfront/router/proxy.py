@@ -7,7 +7,10 @@ For each chat or completions request the `Proxy`
 2. decides what goes to the worker (a `Plan`): the body with the router's ids (chat: `prompt_token_ids`;
    completions: the ids as `prompt`) when the gate is open and the request is not one of the never-forwarded
    kinds, else the original body byte for byte;
-3. asks the policy for a worker among the active ones and sends the body on that worker's connection pool;
+3. asks the policy for a worker among the active ones and sends the body on that worker's connection pool —
+   to a `protocol=generate` worker, a forwarded request goes as vLLM's tokens-in, tokens-out call instead
+   (`router.generate`: the ids to `/inference/v1/generate`, the output ids derendered into the OpenAI
+   answer, a stream chunk by chunk), and one the generate path cannot carry as the client sent it;
 4. retries on another worker when the chosen one fails before the client got a byte: a connection error, a
    timeout, a 5xx answer, or a stream that breaks before its first chunk. A worker whose connection failed is
    taken out of the active set (the pool re-checks it). Worker 4xx answers are the client's and pass through;
@@ -30,9 +33,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -44,8 +47,21 @@ from tokenfront.core.families import family_for
 from tokenfront.core.reasoning import ReasoningParser
 from tokenfront.core.render import RenderedPrompt, RenderPipeline
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
-from tokenfront.router.connections import WorkerResponse, WorkerTransportError, describe_error
+from tokenfront.router.connections import (
+    RemoteProtocolError,
+    WorkerResponse,
+    WorkerTransportError,
+    describe_error,
+)
 from tokenfront.router.gate import ForwardingGate, never_forward_reason
+from tokenfront.router.generate import (
+    GENERATE_PATH,
+    GenerateCall,
+    GenerateStream,
+    Reading,
+    chat_call,
+    completion_call,
+)
 from tokenfront.router.policies.base import Policy, RouteRequest, WorkerLoad
 from tokenfront.router.workers import Worker, WorkerPool
 from tokenfront.server.disconnect import client_disconnected_response, wait_for_disconnect
@@ -77,7 +93,7 @@ class RouterMetrics:
         self.not_forwarded = Counter(
             "tokenfront_router_not_forwarded",
             "Requests sent as the client sent them, by reason (gate, named_tool_choice, model_family, "
-            "reasoning_mode, client_token_ids, echo, no_render)",
+            "reasoning_mode, client_token_ids, echo, no_render, generate_unsupported)",
             ["reason"],
             registry=registry,
         )
@@ -99,7 +115,13 @@ class RouterMetrics:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to send for one client request, and how to route it."""
+    """What to send for one client request, and how to route it.
+
+    `body` goes to an OpenAI route (`path`): with the router's ids when `forwarded`, else as the client sent
+    it (`raw_body`). A forwarded plan also carries its `generate` call for `protocol=generate` workers (None
+    when the generate path cannot carry the request, or no such worker is configured: such a worker then
+    gets `raw_body` on its OpenAI route).
+    """
 
     route: str  # "chat" or "completion"
     path: str
@@ -108,6 +130,27 @@ class Plan:
     forwarded: bool
     stream: bool
     reason: str | None = None  # why the router's ids were not forwarded
+    raw_body: bytes = b""
+    generate: GenerateCall | None = None
+
+    def call_for(self, worker: Worker) -> _Call:
+        """What this worker is sent: the generate call, the body with ids, or the client's body."""
+        if worker.protocol != "generate" or not self.forwarded:
+            return _Call(self.path, self.body, self.forwarded)
+        if self.generate is None:
+            return _Call(self.path, self.raw_body, False)
+        return _Call(GENERATE_PATH, self.generate.body, True, self.generate.reading())
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One attempt's request: where it goes, its body, whether it carries the router's ids, and for a
+    generate worker how the output ids are read."""
+
+    path: str
+    body: bytes
+    forwarded: bool
+    reading: Reading | None = None
 
 
 @dataclass(frozen=True)
@@ -163,7 +206,8 @@ class Proxy:
         if reason is not None:
             return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, reason)
         body = _with_field(raw_body, "prompt_token_ids", rendered.token_ids)
-        return Plan("chat", CHAT_PATH, body, target, forwarded=True, stream=stream)
+        call = self._generate(lambda pipeline: chat_call(pipeline, request, rendered))
+        return Plan("chat", CHAT_PATH, body, target, True, stream, raw_body=raw_body, generate=call)
 
     def plan_completion(self, request: CompletionRequest, raw_body: bytes) -> Plan:
         """Render a completions request (every prompt) and decide what goes to the worker."""
@@ -186,7 +230,16 @@ class Proxy:
             return self._unchanged("completion", COMPLETIONS_PATH, raw_body, target, stream, reason)
         prompt = items[0].token_ids if len(items) == 1 else [item.token_ids for item in items]
         body = _with_field(raw_body, "prompt", prompt)
-        return Plan("completion", COMPLETIONS_PATH, body, target, forwarded=True, stream=stream)
+        call = self._generate(lambda pipeline: completion_call(pipeline, request, items))
+        return Plan(
+            "completion", COMPLETIONS_PATH, body, target, True, stream, raw_body=raw_body, generate=call
+        )
+
+    def _generate(self, build: Callable[[RenderPipeline], GenerateCall | None]) -> GenerateCall | None:
+        """The generate call of a forwarded request, built only when a worker speaks that protocol."""
+        if self.pipeline is None or all(w.protocol != "generate" for w in self.pool.workers.values()):
+            return None
+        return build(self.pipeline)
 
     def _render_chat(self, request: ChatCompletionRequest) -> RenderedPrompt | None:
         if self.pipeline is None:
@@ -302,28 +355,36 @@ class Proxy:
         worker.active_requests += 1
         worker.routed += 1
         self.policy.on_routed(load, plan.target)
+        call = plan.call_for(worker)
+        if call.forwarded != plan.forwarded:
+            self.metrics.not_forwarded.labels("generate_unsupported").inc()
         response: WorkerResponse | None = None
         relayed = False
         stage = "request"
         on_lost = interrupt.worker_lost
         worker.lost_watchers.add(on_lost)
         try:
-            response = await worker.connections.post(plan.path, plan.body)
+            response = await worker.connections.post(call.path, call.body)
             if plan.stream and response.status_code == 200:
                 stage = "stream"
-                first = await response.next_chunk()
-                headers = self._headers(response, worker, plan)
+                source: _ChunkSource = response
+                if call.reading is not None:
+                    source = GenerateStream(response, call.reading)
+                first = await source.next_chunk()
+                headers = self._headers(response, worker, call)
                 relayed = True
-                return _RelayResponse(self, worker, load, plan, response, first, headers)
+                return _RelayResponse(self, worker, load, plan, call, response, source, first, headers)
             content = await response.read()
+            if call.reading is not None and response.status_code == 200:
+                content = call.reading.answer(_json(content))
         except WorkerTransportError as exc:
-            self._finish(worker, load, plan, ok=False)
+            self._finish(worker, load, plan, call, ok=False)
             reason = describe_error(exc)
             failed = "stream failed before its first chunk" if stage == "stream" else "request failed"
             self.pool.mark_failed(worker, f"{failed} ({reason})")
             return _Failure(reason)
         except asyncio.CancelledError:
-            self._finish(worker, load, plan, ok=False)
+            self._finish(worker, load, plan, call, ok=False)
             why = interrupt.take()
             if why == "lost":
                 where = "before the stream's first chunk" if stage == "stream" else "while answering"
@@ -332,41 +393,44 @@ class Proxy:
                 raise _ClientLeft from None
             raise  # a cancellation from elsewhere (shutdown)
         except BaseException:
-            self._finish(worker, load, plan, ok=False)
+            self._finish(worker, load, plan, call, ok=False)
             raise
         finally:
             worker.lost_watchers.discard(on_lost)
             if response is not None and not relayed:
                 response.close()  # reused when read to its end, else closed: the worker stops generating
         if response.status_code >= 500:
-            self._finish(worker, load, plan, ok=False)
-            return _Failure(f"answered {response.status_code}", self._full(response, content, worker, plan))
-        self._finish(worker, load, plan, ok=response.status_code < 400)
-        return self._full(response, content, worker, plan)
+            self._finish(worker, load, plan, call, ok=False)
+            return _Failure(f"answered {response.status_code}", self._full(response, content, worker, call))
+        self._finish(worker, load, plan, call, ok=response.status_code < 400)
+        return self._full(response, content, worker, call)
 
-    def _finish(self, worker: Worker, load: WorkerLoad, plan: Plan, *, ok: bool) -> None:
+    def _finish(self, worker: Worker, load: WorkerLoad, plan: Plan, call: _Call, *, ok: bool) -> None:
         worker.active_requests -= 1
         self.policy.on_complete(load, plan.target, ok)
         if ok:
-            key = (plan.route, worker.url, plan.forwarded)
+            key = (plan.route, worker.url, call.forwarded)
             counter = self._served.get(key)
             if counter is None:
                 counter = self._served[key] = self.metrics.requests.labels(
-                    plan.route, worker.url, _flag(plan.forwarded)
+                    plan.route, worker.url, _flag(call.forwarded)
                 )
             counter.inc()
 
-    def _full(self, response: WorkerResponse, content: bytes, worker: Worker, plan: Plan) -> Response:
+    def _full(self, response: WorkerResponse, content: bytes, worker: Worker, call: _Call) -> Response:
         return Response(
-            content, status_code=response.status_code, headers=self._headers(response, worker, plan)
+            content, status_code=response.status_code, headers=self._headers(response, worker, call)
         )
 
     @staticmethod
-    def _headers(response: WorkerResponse, worker: Worker, plan: Plan) -> dict[str, str]:
+    def _headers(response: WorkerResponse, worker: Worker, call: _Call) -> dict[str, str]:
         given = response.headers
         headers = {name: given[name] for name in _PASSED_HEADERS if name in given}
+        if call.reading is not None:
+            # The answer is the router's OpenAI JSON or event stream, not the worker's generate one.
+            headers["content-type"] = "text/event-stream" if _is_stream(given) else "application/json"
         headers[WORKER_HEADER] = worker.url
-        headers[FORWARDED_HEADER] = _flag(plan.forwarded)
+        headers[FORWARDED_HEADER] = _flag(call.forwarded)
         return headers
 
 
@@ -441,12 +505,15 @@ class _RelayResponse(StreamingResponse):
         worker: Worker,
         load: WorkerLoad,
         plan: Plan,
+        call: _Call,
         response: WorkerResponse,
+        source: _ChunkSource,
         first: bytes | None,
         headers: dict[str, str],
     ) -> None:
         super().__init__(self._chunks(first), status_code=response.status_code, headers=headers)
         self.proxy, self.worker, self.load, self.plan, self.response = proxy, worker, load, plan, response
+        self.call, self.source = call, source
         self._done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -481,7 +548,7 @@ class _RelayResponse(StreamingResponse):
             chunk = first
             while chunk is not None:
                 yield chunk
-                chunk = await self.response.next_chunk()
+                chunk = await self.source.next_chunk()
             ok = True
         except WorkerTransportError as exc:
             reason = describe_error(exc)
@@ -497,7 +564,24 @@ class _RelayResponse(StreamingResponse):
         if not self._done:
             self._done = True
             self.response.close()
-            self.proxy._finish(self.worker, self.load, self.plan, ok=ok)
+            self.proxy._finish(self.worker, self.load, self.plan, self.call, ok=ok)
+
+
+class _ChunkSource(Protocol):
+    """What a relayed stream reads: a worker's body as it arrives, or a generate stream derendered."""
+
+    async def next_chunk(self) -> bytes | None: ...
+
+
+def _is_stream(headers: dict[str, str]) -> bool:
+    return headers.get("content-type", "").startswith("text/event-stream")
+
+
+def _json(content: bytes) -> Any:
+    try:
+        return loads(content)
+    except ValueError:
+        raise RemoteProtocolError("the generate answer is not JSON") from None
 
 
 def _flag(value: bool) -> str:

@@ -6,7 +6,7 @@ router has something to render with.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict
 
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.renderer.routes import RENDER_PATHS
+from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.proxy import Proxy
-from tokenfront.router.workers import WorkerPool, WorkerSpec, normalize_url
+from tokenfront.router.workers import WorkerPool, WorkerReport, WorkerSpec, normalize_url
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute, raw_body
 
@@ -74,10 +75,13 @@ class AddWorker(BaseModel):
     url: str
     kv_events: str | None = None  # a vLLM worker's ZMQ KV event publisher, tcp://HOST:PORT
     kv_replay: str | None = None  # and its replay endpoint
+    protocol: Literal["openai", "generate"] = "openai"  # how forwarded ids are sent (workers.PROTOCOLS)
+    verify: Literal["probe"] | None = None  # "probe": checked by a render probe (router.probe)
 
 
 def workers_router() -> APIRouter:
-    """The admin API: GET /workers, POST /workers {"url", "kv_events"?, "kv_replay"?}, DELETE /workers?url=URL."""
+    """The admin API: GET /workers, POST /workers {"url", "kv_events"?, "kv_replay"?, "protocol"?, "verify"?},
+    DELETE /workers?url=URL."""
     router = APIRouter(tags=["admin"])
 
     @router.get("/workers", summary="The workers, their health, fingerprint match and gate reasons")
@@ -88,7 +92,13 @@ def workers_router() -> APIRouter:
     async def add_worker(body: AddWorker, raw: Request) -> JSONResponse:
         pool: WorkerPool = raw.app.state.pool
         try:
-            spec = WorkerSpec(normalize_url(body.url), body.kv_events, body.kv_replay)
+            spec = WorkerSpec(
+                normalize_url(body.url),
+                body.kv_events,
+                body.kv_replay,
+                protocol=body.protocol,
+                verify=body.verify,
+            )
             if spec.kv_replay and not spec.kv_events:
                 raise ValueError("kv_replay needs kv_events too")
         except ValueError as exc:
@@ -113,14 +123,39 @@ def workers_router() -> APIRouter:
 
 
 def worker_view(raw: Request, url: str) -> dict[str, Any]:
-    """One worker as the admin API shows it: its state plus whether it matches and why not."""
+    """One worker as the admin API shows it: its state, whether it renders like the router and why not.
+
+    `fingerprint_matches` is about the fingerprint alone; `render_check` says what makes the worker eligible
+    for forwarding ("fingerprint match", or "verified by probe, N cases" for a worker with no fingerprint).
+    """
     pool: WorkerPool = raw.app.state.pool
     proxy: Proxy = raw.app.state.proxy
+    gate = proxy.gate
     worker = pool.workers[url]
-    reasons = list(proxy.gate.worker_reasons(worker.report)) if worker.checked else []
+    report = worker.report
+    reasons = list(gate.worker_reasons(report)) if worker.checked else []
+    fingerprint = report.fingerprint if report is not None else None
     # None: the router has no fingerprint of its own, so there is nothing to match.
-    matches = None if proxy.gate.fingerprint is None else (worker.report is not None and not reasons)
-    return {**worker.describe(), "fingerprint_matches": matches, "gate_reasons": reasons}
+    matches = (
+        None
+        if gate.fingerprint is None
+        else (fingerprint is not None and not gate.fingerprint_reasons(fingerprint))
+    )
+    return {
+        **worker.describe(),
+        "fingerprint_matches": matches,
+        "render_check": _render_check(gate, report, eligible=worker.checked and not reasons),
+        "probe": report.probe.to_json() if report is not None and report.probe is not None else None,
+        "gate_reasons": reasons,
+    }
+
+
+def _render_check(gate: ForwardingGate, report: WorkerReport | None, *, eligible: bool) -> str | None:
+    """What shows that the worker renders like the router, when something does (None: nothing does)."""
+    if not eligible or report is None or gate.fingerprint is None:
+        return None
+    cases = gate.probe_verified(report)
+    return "fingerprint match" if cases is None else f"verified by probe, {cases} cases"
 
 
 def workers_view(raw: Request) -> dict[str, Any]:

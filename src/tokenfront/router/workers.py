@@ -7,6 +7,10 @@ back when it answers again, and keeps the router's KV index fed: tokenfront work
 the active set or what an active worker reports changes, `on_change` is called (the app re-evaluates the
 forwarding gate there).
 
+A worker added with `verify=probe` is also probed on each check (`router.probe`): the router renders a fixed
+corpus and compares with the worker's `POST /tokenize`, for workers that publish no fingerprint (vLLM). The
+result is part of the worker's report, so a changed result re-evaluates the gate like a changed fingerprint.
+
 Each worker has two clients: an `httpx.AsyncClient` for the periodic checks and event polls, and a
 `router.connections.WorkerConnections` pool for the proxied requests (the router's per-request path).
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -30,6 +35,7 @@ from tokenfront.core.reasoning import ReasoningParser, get_reasoning_parser
 from tokenfront.router.connections import WorkerConnections, describe_error
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies.base import WorkerLoad
+from tokenfront.router.probe import NO_PROBER, Prober, ProbeResult, ProbeUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -42,34 +48,64 @@ _KEEPALIVE_EXPIRY = 4.0
 _CHECK_CONNECTIONS = 4
 
 
+# How the router sends a worker its rendered ids: OpenAI bodies with `prompt_token_ids`, or vLLM's
+# `POST /inference/v1/generate`.
+PROTOCOLS = ("openai", "generate")
+# How a worker that publishes no fingerprint may still be found to render like the router.
+VERIFY_MODES = ("probe",)
+_SPEC_SYNTAX = (
+    "URL[,kv-events=tcp://HOST:PORT[,kv-replay=tcp://HOST:PORT]][,protocol=openai|generate][,verify=probe]"
+)
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
-    """A worker as configured: its base URL, and optionally a vLLM worker's ZMQ KV-event endpoints."""
+    """A worker as configured: its base URL, optionally a vLLM worker's ZMQ KV-event endpoints, the protocol
+    its ids go by, and whether it is verified by a render probe (`router.probe`)."""
 
     url: str
     kv_events: str | None = None
     kv_replay: str | None = None
+    protocol: str = "openai"
+    verify: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> WorkerSpec:
-        """Read `URL[,kv-events=ENDPOINT[,kv-replay=ENDPOINT]]` (the `--worker` syntax).
+        """Read `URL[,kv-events=E[,kv-replay=E]][,protocol=openai|generate][,verify=probe]` (`--worker`).
 
-        ValueError says what is wrong.
+        ValueError says what is wrong, in one line.
         """
         url, *options = text.split(",")
         found: dict[str, str] = {}
         for option in options:
             key, _, value = option.partition("=")
-            key = key.strip().replace("_", "-")
-            if key not in ("kv-events", "kv-replay") or not value.strip():
-                raise ValueError(
-                    f"{text!r}: expected URL[,kv-events=tcp://HOST:PORT[,kv-replay=tcp://HOST:PORT]] "
-                    "(a vLLM worker's KV event publisher and replay endpoints)"
-                )
-            found[key] = value.strip()
+            key, value = key.strip().replace("_", "-"), value.strip()
+            problem = _option_problem(key, value)
+            if problem is None and key in found:
+                problem = f"{key} given twice"
+            if problem is not None:
+                raise ValueError(f"{text!r}: {problem}; expected {_SPEC_SYNTAX}")
+            found[key] = value
         if "kv-replay" in found and "kv-events" not in found:
             raise ValueError(f"{text!r}: kv-replay needs kv-events too")
-        return cls(normalize_url(url), found.get("kv-events"), found.get("kv-replay"))
+        return cls(
+            normalize_url(url),
+            found.get("kv-events"),
+            found.get("kv-replay"),
+            protocol=found.get("protocol", "openai"),
+            verify=found.get("verify"),
+        )
+
+
+def _option_problem(key: str, value: str) -> str | None:
+    """What is wrong with one `KEY=VALUE` of a worker spec (None: nothing)."""
+    if key in ("kv-events", "kv-replay"):
+        return None if value else f"{key} needs a value (a vLLM worker's ZMQ endpoint)"
+    if key == "protocol":
+        return None if value in PROTOCOLS else f"protocol must be {' or '.join(PROTOCOLS)}, not {value!r}"
+    if key == "verify":
+        return None if value in VERIFY_MODES else f"verify must be {' or '.join(VERIFY_MODES)}, not {value!r}"
+    return f"unknown option {key!r}"
 
 
 def normalize_url(url: str) -> str:
@@ -87,6 +123,7 @@ class WorkerReport:
 
     `fingerprint` is None when the worker publishes none; `missing` then says why, in words that go into
     the gate's warning ("/server_info answered 404", "/server_info unreachable (ConnectError)", ...).
+    `probe` is the last render probe of a `verify=probe` worker (None for the others).
     """
 
     fingerprint: Fingerprint | None
@@ -96,6 +133,7 @@ class WorkerReport:
     tokens_per_block: int | None = None
     kv_cache_hash: str | None = None
     reasoning_parser: str | None = None
+    probe: ProbeResult | None = None
 
     @classmethod
     def from_server_info(cls, info: Any) -> WorkerReport:
@@ -146,6 +184,8 @@ class Worker:
     connections: WorkerConnections  # the proxied requests
     kv_events: str | None = None
     kv_replay: str | None = None
+    protocol: str = "openai"  # how forwarded ids are sent (PROTOCOLS)
+    verify: str | None = None  # "probe": probed on each check (VERIFY_MODES)
     healthy: bool = False
     checked: bool = False  # at least one check finished
     report: WorkerReport | None = None
@@ -187,6 +227,8 @@ class Worker:
             "fingerprint_digest": fingerprint.digest if fingerprint else None,
             "fingerprint_missing": report.missing if report else None,
             "kv_events": self._kv_events_source(),
+            "protocol": self.protocol,
+            "verify": self.verify,
             "active_requests": self.active_requests,
             "routed": self.routed,
             "failures": self.failures,
@@ -218,11 +260,18 @@ class WorkerPool:
     """The router's workers: membership, periodic checks, failure handling and KV event feeds."""
 
     def __init__(
-        self, kv_index: KvIndex, settings: PoolSettings, *, on_change: Callable[[], None] = lambda: None
+        self,
+        kv_index: KvIndex,
+        settings: PoolSettings,
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        prober: Prober | None = None,
     ) -> None:
+        """`prober` probes the `verify=probe` workers; None when the router cannot render (no pipeline)."""
         self.kv_index = kv_index
         self.settings = settings
         self.on_change = on_change
+        self.prober = prober
         self.workers: dict[str, Worker] = {}
         self._tasks: list[asyncio.Task[None]] = []
         # One-off tasks (re-checks, closing a removed worker's pool), held so that they are not collected.
@@ -244,11 +293,14 @@ class WorkerPool:
             self._connections(spec.url),
             kv_events=spec.kv_events,
             kv_replay=spec.kv_replay,
+            protocol=spec.protocol,
+            verify=spec.verify,
         )
         self.workers[spec.url] = worker
-        log.info(
-            "worker %s added%s", spec.url, f" (vLLM KV events on {spec.kv_events})" if spec.kv_events else ""
-        )
+        notes = [f"vLLM KV events on {spec.kv_events}"] if spec.kv_events else []
+        notes += [f"protocol {spec.protocol}"] if spec.protocol != "openai" else []
+        notes += ["verified by a render probe"] if spec.verify == "probe" else []
+        log.info("worker %s added%s", spec.url, f" ({', '.join(notes)})" if notes else "")
         self._start_subscriber(worker)
         await self.check(worker)
         return worker
@@ -308,7 +360,8 @@ class WorkerPool:
     # -- health ----------------------------------------------------------------------------------------------
 
     async def check(self, worker: Worker) -> None:
-        """Check one worker now: `/health`, then `/server_info`; update the active set and its report."""
+        """Check one worker now: `/health`, then `/server_info` (and the render probe of a `verify=probe`
+        worker); update the active set and its report."""
         async with worker.check_lock:
             problem = await self._health_problem(worker)
             if problem is not None:
@@ -316,6 +369,8 @@ class WorkerPool:
                 worker.lose()
                 return
             report = await self._read_report(worker)
+            if worker.verify == "probe":
+                report = dataclasses.replace(report, probe=await self._probe(worker))
             if self.workers.get(worker.url) is not worker:
                 return  # removed while we were asking
             changed = report != worker.report or not worker.healthy
@@ -353,6 +408,22 @@ class WorkerPool:
         except ValueError:
             return WorkerReport(None, missing="/server_info is not JSON")
         return WorkerReport.from_server_info(body)
+
+    async def _probe(self, worker: Worker) -> ProbeResult:
+        """The worker's render probe; a `/tokenize` that cannot be reached keeps a passing last result."""
+        if self.prober is None:
+            return ProbeResult(0, difference=NO_PROBER)
+        try:
+            return await self.prober.run(worker.client, self.settings.health_timeout)
+        except ProbeUnreachable as exc:
+            last = worker.report.probe if worker.report is not None else None
+            if last is not None and last.difference is None:
+                # /health answered, so it is the same process: a slow /tokenize says nothing new.
+                return last
+            return ProbeResult(0, difference=str(exc))
+        except Exception as exc:  # the router's own rendering failed: say so, and keep checking the worker
+            log.exception("probing worker %s failed", worker.url)
+            return ProbeResult(0, difference=f"the probe failed in the router ({describe_error(exc)})")
 
     def mark_failed(self, worker: Worker, reason: str) -> None:
         """A request to the worker failed at the connection: take it out now and re-check it soon.

@@ -30,11 +30,8 @@ class SamplingDefaults:
         cls, checkpoint: Checkpoint, *, engine_context: int | None = None
     ) -> SamplingDefaults:
         """Read the checkpoint's files; `engine_context` (the engine's own limit) wins over the config's."""
-        config, generation = checkpoint.config, checkpoint.generation_config
-        eos = _ids(generation.get("eos_token_id", config.get("eos_token_id"))) | _ids(
-            getattr(checkpoint.tokenizer, "eos_token_id", None)
-        )
-        return cls(dict(generation), frozenset(eos), engine_context or context_length(config))
+        context = engine_context or context_length(checkpoint.config)
+        return cls(dict(checkpoint.generation_config), checkpoint.eos_token_ids, context)
 
     def params(
         self, request: Any, prompt_length: int, max_tokens: int | None, logprobs: int | None
@@ -106,11 +103,3 @@ def context_length(config: dict[str, Any]) -> int | None:
 
 def _first(*values: Any) -> Any:
     return next(value for value in values if value is not None)
-
-
-def _ids(value: Any) -> set[int]:
-    if value is None:
-        return set()
-    if isinstance(value, int):
-        return {value}
-    return {int(v) for v in value if isinstance(v, int)}
