@@ -11,7 +11,10 @@ reasoning parser and `hermes` tool calls and the served name `qwen3`, sends ever
   request models fill them in, drop or refuse them): equal `token_ids`;
 - chat and completions derender (`tests/renderer/derender_cases.py`, whole and streamed, plugged in through
   `extra_groups()`): equal answers but for `created` and tool-call ids;
-- refusals: a case both servers answer with a 4xx passes (the messages differ).
+- refusals: a case both servers answer with a 4xx passes (the messages differ);
+- the router's `verify=probe` against vLLM itself: a `tokenfront route` given this vLLM render server as a
+  `protocol=generate,verify=probe` worker must find it "verified by probe, N cases", and given a second vLLM
+  render server whose chat template differs only in the tools preamble must block it, naming the `tools` case.
 
 A case listed in `KNOWN_DIVERGENCES` is reported with its reason and does not fail the run. Exit status 0 only
 when every other case passed. Needs a venv holding vllm==0.33.0 (`make peer-vllm`); not run in CI.
@@ -36,6 +39,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +171,12 @@ KNOWN_DIVERGENCES = {
     ("detokenize", "id_outside_vocabulary"): (
         "SPEC §2: ids outside [0, vocab_size) are a 400 on tokenfront; vLLM 0.33 decodes them to an empty string"
     ),
+    ("derender", "stream_tool_call"): (
+        "vLLM 0.33's streamed hermes call is a name piece then an arguments piece, after a content delta of "
+        "the whitespace between </think> and <tool_call> ('\\n\\n'), though its own non-streaming answer "
+        "has content null; tokenfront's stream adds up to its non-streaming answer, equal to vLLM's (content "
+        "null, the whole call in the last chunk)"
+    ),
 }
 DIVERGENT: list[tuple[str, str, Body]] = [
     ("detokenize", "id_outside_vocabulary", {"tokens": [9707, 999999999]})
@@ -261,7 +271,13 @@ def _paired(group: PairedGroup, client: httpx.Client, servers: dict[str, Server]
     for name, equal, vllm, tokenfront in group.compare(
         poster(servers["vllm"]), poster(servers["tokenfront"])
     ):
-        outcome = Outcome(group.name, name, answers={"vllm": vllm, "tokenfront": tokenfront}, equal=equal)
+        outcome = Outcome(
+            group.name,
+            name,
+            answers={"vllm": vllm, "tokenfront": tokenfront},
+            equal=equal,
+            known=KNOWN_DIVERGENCES.get((group.name, name)),
+        )
         outcome.statuses = {key: _status(answer) for key, answer in outcome.answers.items()}
         if not equal:
             outcome.difference = "answers differ (after leaving out `created` and tool-call ids)"
@@ -405,9 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             wait_healthy(servers.values())
             outcomes = run(groups, servers)
+            probes = probe_outcomes(venv, folder, Path(logs), servers["vllm"])
         finally:
             stop_all(servers.values())
-    failed = [o for o in outcomes if not o.passed and o.known is None]
+    failed = [o for o in [*outcomes, *probes] if not o.passed and o.known is None]
     if args.write_pins:
         header = {
             "_comment": "vLLM 0.33's answers, written by `python -m benchmarks.compare_vllm_protocol --write-pins` "
@@ -426,7 +443,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
     else:
         _print_table(outcomes, groups)
+        print("== probe (tokenfront route --worker VLLM,protocol=generate,verify=probe)")
+        for outcome in probes:
+            print(f"   {outcome.case:<28}  {'pass' if outcome.passed else 'FAIL'}  {outcome.difference}")
     return 1 if failed else 0
+
+
+def probe_outcomes(venv: Path, folder: Path, logs: Path, vllm: Server) -> list[Outcome]:
+    """Start a second vLLM render server whose template says "# Functions" where Qwen3's says "# Tools", and a
+    tokenfront router probing both; read what its `/workers` says of each."""
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = logs / "tools-preamble-changed.jinja"
+    template.write_text(config["chat_template"].replace("# Tools", "# Functions"), encoding="utf-8")
+    other = launch_vllm_render(
+        venv,
+        str(folder),
+        log_dir=logs,
+        extra_args=(*VLLM_ARGS, "--served-model-name", SERVED_NAME, "--chat-template", str(template)),
+        name="vllm-other-template",
+    )
+    workers = [f"{vllm.url},protocol=generate,verify=probe", f"{other.url},protocol=generate,verify=probe"]
+    command = ["route", "--model", str(folder), "--served-model-name", SERVED_NAME, *PARSER_ARGS]
+    for worker in workers:
+        command += ["--worker", worker]
+    router = launch_tokenfront([*command, "--health-interval", "1"], log_dir=logs, name="router")
+    try:
+        wait_healthy([other, router])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            listed = {w["url"]: w for w in httpx.get(f"{router.url}/workers", timeout=10).json()["workers"]}
+            if all(w.get("probe") for w in listed.values()):
+                break
+            time.sleep(0.5)
+        same, changed = listed[vllm.url], listed[other.url]
+        log_text = router.log_path.read_text(encoding="utf-8", errors="replace")
+        warnings = [line for line in log_text.splitlines() if "probe case" in line]
+    finally:
+        stop_all([other, router])
+    verified = str(same.get("render_check") or "")
+    difference = str((changed.get("probe") or {}).get("difference") or "")
+    return [
+        Outcome(
+            "probe",
+            "vllm_same_template",
+            statuses={"vllm": 200, "tokenfront": 200},
+            equal=verified.startswith("verified by probe"),
+            difference=f"render_check: {verified or same.get('gate_reasons')}",
+        ),
+        Outcome(
+            "probe",
+            "vllm_other_template",
+            statuses={"vllm": 200, "tokenfront": 200},
+            equal="'tools'" in difference and changed.get("render_check") is None and bool(warnings),
+            difference=f"{difference}; router warnings naming a probe case: {len(warnings)}",
+        ),
+    ]
 
 
 def _print_table(outcomes: Sequence[Outcome], groups: Sequence[Group | PairedGroup]) -> None:
