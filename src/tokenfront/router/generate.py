@@ -8,14 +8,21 @@ completions routes use — so the client gets the answer the worker would have g
 content, reasoning, tool calls, finish reason, logprobs, usage. A stream is derendered chunk by chunk as it
 arrives (`GenerateStream`), never buffered.
 
-The sampling parameters are the request's, else the checkpoint's `generation_config.json` defaults
-(temperature, top_p, top_k), as vLLM's and tokenfront's chat routes fill them; vLLM's generate route itself
-would use its dataclass defaults. `max_tokens` is left to the worker when the client gave none (vLLM 0.33's
-generate route then fills in the context's room, as its chat route does).
+The sampling parameters are the request's, else the checkpoint's `generation_config.json` defaults, as
+vLLM 0.33's chat route fills them (`get_diff_sampling_param`: temperature, top_p, top_k, min_p and the
+three penalties); vLLM's generate route itself would use its dataclass defaults. tokenfront's own worker
+reads only temperature, top_p and top_k from that file on its chat route, so a tokenfront worker (role
+"worker" on `/server_info`) is sent only those (`GenerateCall.body_for`). Sampling fields a client adds that
+vLLM's `SamplingParams` takes with the chat route's meaning (penalties, `min_p`, `min_tokens`, `logit_bias`,
+...) are passed on. `max_tokens` is left to the worker when the client gave none (vLLM 0.33's generate route
+then fills in the context's room, as its chat route does).
 
 What the generate path does not carry goes to the worker's OpenAI route as the client sent it
 (`generate_unsupported`): several prompts in one completions request, `suffix`, `top_logprobs` without
-`logprobs` (the worker's own 400 then answers).
+`logprobs` (the worker's own 400 then answers), structured output (`response_format`, `structured_outputs`,
+`guided_*`) and `tool_choice: "required"` (the chat route turns them into a grammar), and fields that change
+how the text is made from the ids (`skip_special_tokens`, `include_stop_str_in_output`,
+`spaces_between_special_tokens`) or ask for prompt logprobs.
 """
 
 from __future__ import annotations
@@ -46,17 +53,54 @@ from tokenfront.server.sse import SSE_DONE, sse_event
 __all__ = ["GENERATE_PATH", "GenerateCall", "GenerateStream", "chat_call", "completion_call"]
 
 GENERATE_PATH = "/inference/v1/generate"
-# Sampling defaults generation_config.json may set, as vLLM's chat route reads them (`get_diff_sampling_param`).
+# Sampling defaults generation_config.json may set, as vLLM's chat route reads them (`get_diff_sampling_param`);
+# tokenfront's worker reads the first three.
 _CONFIG_SAMPLING = ("temperature", "top_p", "top_k")
+_VLLM_CONFIG_SAMPLING = ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+# Request fields (beyond the typed ones) that vLLM's chat route copies into SamplingParams unchanged.
+_PASSED_SAMPLING = (
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "logit_bias",
+    "bad_words",
+    "allowed_token_ids",
+)
+# Request fields the generate path cannot carry: they need the chat route's grammar or change how the text is
+# made from the ids (the router's derender would not follow them).
+_NOT_CARRIED = frozenset(
+    {
+        "response_format",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "guided_decoding_backend",
+        "skip_special_tokens",
+        "include_stop_str_in_output",
+        "spaces_between_special_tokens",
+        "prompt_logprobs",
+        "echo",
+    }
+)
 
 
 @dataclass(frozen=True)
 class GenerateCall:
-    """One request as a generate worker takes it: the body to send, and how to read the answer (a new
-    `Reading` per attempt: a retried request is read from its start)."""
+    """One request as a generate worker takes it: the body to send (`body_for`), and how to read the answer
+    (a new `Reading` per attempt: a retried request is read from its start)."""
 
-    body: bytes
+    body: bytes  # vLLM's chat-route sampling defaults
+    tokenfront_body: bytes  # tokenfront's worker's (temperature, top_p, top_k from generation_config)
     reading: Callable[[], Reading]
+
+    def body_for(self, *, tokenfront: bool) -> bytes:
+        """The body for a tokenfront worker, or for any other generate worker (vLLM)."""
+        return self.tokenfront_body if tokenfront else self.body
 
 
 @dataclass
@@ -161,26 +205,24 @@ def _cached(payload: dict[str, Any]) -> int:
 # -- building calls ----------------------------------------------------------------------------------------------
 
 
-class _Sampling(Protocol):
-    n: int | None
-    temperature: float | None
-    top_p: float | None
-    top_k: int | None
-    seed: int | None
-    stop: str | list[str] | None
-    stop_token_ids: list[int] | None
-    model: str | None
-    stream: bool | None
-    cache_salt: str | None
+_Request = ChatCompletionRequest | CompletionRequest
 
 
 def _sampling_params(
-    pipeline: RenderPipeline, request: _Sampling, max_tokens: int | None, logprobs: int | None
+    pipeline: RenderPipeline,
+    request: _Request,
+    max_tokens: int | None,
+    logprobs: int | None,
+    config_fields: Sequence[str],
 ) -> dict[str, Any]:
     generation = pipeline.checkpoint.generation_config
     params: dict[str, Any] = {"n": request.n or 1}
-    for name in _CONFIG_SAMPLING:
-        value = getattr(request, name)
+    given = request.model_extra or {}
+    for name in _PASSED_SAMPLING:
+        if given.get(name) is not None:
+            params[name] = given[name]
+    for name in config_fields:
+        value = getattr(request, name, None) if name in _CONFIG_SAMPLING else params.get(name)
         value = value if value is not None else generation.get(name)
         if value is not None:
             params[name] = value
@@ -197,7 +239,7 @@ def _sampling_params(
     return params
 
 
-def _body(request: _Sampling, request_id: str, token_ids: list[int], params: dict[str, Any]) -> bytes:
+def _body(request: _Request, request_id: str, token_ids: list[int], params: dict[str, Any]) -> bytes:
     body: dict[str, Any] = {
         "request_id": request_id,
         "token_ids": token_ids,
@@ -212,6 +254,29 @@ def _body(request: _Sampling, request_id: str, token_ids: list[int], params: dic
     if request.cache_salt is not None:
         body["cache_salt"] = request.cache_salt
     return dumps(body)
+
+
+def _bodies(
+    pipeline: RenderPipeline,
+    request: _Request,
+    request_id: str,
+    token_ids: list[int],
+    max_tokens: int | None,
+    logprobs: int | None,
+) -> tuple[bytes, bytes]:
+    """The generate body for vLLM (its chat route's defaults) and for a tokenfront worker (its own)."""
+    vllm = _sampling_params(
+        pipeline, request, max_tokens, logprobs, (*_CONFIG_SAMPLING, *_VLLM_CONFIG_SAMPLING)
+    )
+    mine = _sampling_params(pipeline, request, max_tokens, logprobs, _CONFIG_SAMPLING)
+    vllm_body = _body(request, request_id, token_ids, vllm)
+    return vllm_body, vllm_body if mine == vllm else _body(request, request_id, token_ids, mine)
+
+
+def carries(request: ChatCompletionRequest | CompletionRequest) -> bool:
+    """Whether the generate path carries this request's fields (see the module docstring)."""
+    extra = request.model_extra or {}
+    return not any(extra.get(name) is not None for name in _NOT_CARRIED)
 
 
 def _head(
@@ -234,7 +299,9 @@ def chat_call(
     pipeline: RenderPipeline, request: ChatCompletionRequest, rendered: RenderedPrompt
 ) -> GenerateCall | None:
     """The generate call of a chat request rendered as `rendered` (None: the generate path cannot carry it)."""
-    if request.top_logprobs and not request.logprobs:
+    if (request.top_logprobs and not request.logprobs) or request.tool_choice == "required":
+        return None
+    if not carries(request):
         return None
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     parser = pipeline.reasoning_parser
@@ -260,10 +327,9 @@ def chat_call(
 
     ids = rendered.token_ids
     max_tokens = request.max_completion_tokens or request.max_tokens
-    params = _sampling_params(pipeline, request, max_tokens, logprobs)
     n, prompt_tokens = request.n or 1, len(ids)
     return GenerateCall(
-        _body(request, request_id, ids, params),
+        *_bodies(pipeline, request, request_id, ids, max_tokens, logprobs),
         lambda: Reading(pipeline, config, formatter(), n, prompt_tokens, logprobs),
     )
 
@@ -272,7 +338,7 @@ def completion_call(
     pipeline: RenderPipeline, request: CompletionRequest, items: Sequence[RenderedPrompt]
 ) -> GenerateCall | None:
     """The generate call of a one-prompt completions request (None: the generate path cannot carry it)."""
-    if len(items) != 1 or request.suffix is not None or request.echo:
+    if len(items) != 1 or request.suffix is not None or request.echo or not carries(request):
         return None
     config = OutputConfig.for_completion(stop=request.stop, hidden_ids=pipeline.checkpoint.eos_token_ids)
     request_id = completion_request_id()
@@ -284,10 +350,9 @@ def completion_call(
         )
 
     ids = items[0].token_ids
-    params = _sampling_params(pipeline, request, request.max_tokens, request.logprobs)
     n, prompt_tokens, logprobs = request.n or 1, len(ids), request.logprobs
     return GenerateCall(
-        _body(request, request_id, ids, params),
+        *_bodies(pipeline, request, request_id, ids, request.max_tokens, logprobs),
         lambda: Reading(pipeline, config, formatter(), n, prompt_tokens, logprobs),
     )
 

@@ -139,7 +139,9 @@ class Plan:
             return _Call(self.path, self.body, self.forwarded)
         if self.generate is None:
             return _Call(self.path, self.raw_body, False)
-        return _Call(GENERATE_PATH, self.generate.body, True, self.generate.reading())
+        tokenfront = worker.report is not None and worker.report.role == "worker"
+        body = self.generate.body_for(tokenfront=tokenfront)
+        return _Call(GENERATE_PATH, body, True, self.generate.reading())
 
 
 @dataclass(frozen=True)
