@@ -43,6 +43,7 @@ demo-render: install
 test: install-test
 	$(BIN)/tokenfront fixtures
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 

@@ -148,7 +148,9 @@ def launch_vllm_render(
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-    return launch(name, [*command, *extra_args], port=port, log_dir=log_dir, env={**environment, **(env or {})})
+    return launch(
+        name, [*command, *extra_args], port=port, log_dir=log_dir, env={**environment, **(env or {})}
+    )
 
 
 def wait_healthy(servers: Iterable[Server], timeout: float = 300.0, interval: float = 0.05) -> None:

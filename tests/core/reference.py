@@ -78,7 +78,9 @@ def reference_chat(folder: Path | str, body: dict[str, Any], chat_template: str 
         )
     except Exception as exc:  # any failure of the reference means "does not render"
         return Reference(ids=None, error=exc)
-    ids = _encode(tokenizer, text, bool(body.get("add_special_tokens", False)), body.get("truncate_prompt_tokens"))
+    ids = _encode(
+        tokenizer, text, bool(body.get("add_special_tokens", False)), body.get("truncate_prompt_tokens")
+    )
     return Reference(ids=ids, text=text)
 
 

@@ -27,6 +27,8 @@ from tokenfront.core.templates import compile_template
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 
+pytestmark = pytest.mark.slow  # the full parity sweep
+
 
 def _model_type(name: str) -> str | None:
     source = fixtures.CHECKPOINTS[name]
@@ -336,6 +338,9 @@ def test_named_templates_parity(sweep: ParitySweep, variant: str) -> None:
     if {DEFAULT_TEMPLATE, TOOL_USE_TEMPLATE} - set(TEMPLATE_FILES):
         pytest.skip("llama.cpp templates not available")
     outcome = sweep.checkpoint(variant)
+    assert outcome.compared == len(corpus.CHAT) + sum(
+        len(reference.reference_completion(sweep.folder(variant), case.body)) for case in corpus.COMPLETIONS
+    )
     if outcome.failures:
         pytest.fail(outcome.report(), pytrace=False)
 
@@ -459,7 +464,9 @@ def _all_template_sources(checkpoint: Callable[[str], Path]) -> dict[str, str]:
     sources = {f"template:{name}": path.read_text(encoding="utf-8") for name, path in TEMPLATE_FILES.items()}
     for name in CHECKPOINTS:
         tokenizer = reference.load_tokenizer(str(checkpoint(name)))
-        if tokenizer.chat_template is not None:  # tekken.json folders carry none (Mistral's is mistral-common)
+        if (
+            tokenizer.chat_template is not None
+        ):  # tekken.json folders carry none (Mistral's is mistral-common)
             sources[f"checkpoint:{name}"] = reference.template_source(tokenizer, None, None)
     return sources
 

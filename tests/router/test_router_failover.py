@@ -30,6 +30,8 @@ from conftest import (
     words,
 )
 
+pytestmark = pytest.mark.slow  # real server processes
+
 REQUESTS = 48
 CLIENTS = 8
 KILL_AFTER = 12  # answered requests before the kill

@@ -29,6 +29,8 @@ from conftest import (
     words,
 )
 
+pytestmark = pytest.mark.slow  # real server processes
+
 
 @pytest.fixture(scope="module")
 def worker(fleet: Fleet, tiny_random: Path) -> Any:

@@ -18,6 +18,8 @@ import pytest
 
 from conftest import Fleet, chat, forwarded, metric, router_command
 
+pytestmark = pytest.mark.slow  # real server processes
+
 PARSERS = ("--reasoning-parser", "laguna", "--tool-call-parser", "hermes")
 WEATHER = {
     "type": "function",

@@ -32,6 +32,8 @@ from conftest import (
     words,
 )
 
+pytestmark = pytest.mark.slow  # real server processes
+
 CONVERSATIONS = 6
 TURNS = 4
 BLOCK = 16  # the workers' tokens_per_block (their default)

@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # real server processes
+
 GENERATE = "/inference/v1/generate"
 CHAT = "/v1/chat/completions"
 FRANCE = {

@@ -19,6 +19,8 @@ import pytest
 
 from tokenfront.core.kv_blocks import KV_CACHE_HASH, block_hashes
 
+pytestmark = pytest.mark.slow  # real server processes
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 FRANCE = {

@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # real server processes
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 TOPICS = ["rivers", "volcanoes", "owls", "bridges", "tea", "comets", "violins", "glaciers"]
