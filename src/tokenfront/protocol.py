@@ -20,6 +20,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 
 from tokenfront.core.errors import RenderError
 
+# -- limits on what one request may ask for (module constants: a server may set them at start-up) -------------
+
+# Messages (chat, /tokenize, Anthropic) or input items (Responses) in one request. Each costs validation,
+# normalization and template work before the prompt's length can refuse it.
+MAX_MESSAGES = 4096
+# vLLM's request models take a seed in the 64-bit signed range; the engine seeds choice i with seed + i.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+# top_p below this keeps the most likely token only, as any top_p below that token's probability (at least
+# 1/vocabulary) does; a smaller value is read as this one, so that float32 sampling does not round it to 0.
+MIN_TOP_P = 1e-8
+
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 # Roles whose `content` may be null (OpenAI's assistant and function message params); others may leave it out.
@@ -28,6 +39,33 @@ _NULL_CONTENT_ROLES = frozenset({"assistant", "function"})
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
+
+
+def check_message_count(value: Any, field: str = "messages") -> Any:
+    """A 400 for more than `MAX_MESSAGES` items, checked before the items are validated (a before-validator)."""
+    if isinstance(value, list) and len(value) > MAX_MESSAGES:
+        raise ValueError(
+            f"{len(value)} {field} are more than this server accepts in one request ({MAX_MESSAGES}): "
+            "shorten the conversation"
+        )
+    return value
+
+
+def check_seed(value: Any) -> Any:
+    """vLLM's range for `seed` (a 64-bit signed integer), checked before the type (a before-validator).
+
+    orjson reads an integer beyond 64 bits as a float: a whole float of magnitude 2**63 or more is such an
+    integer, out of range too, rather than "not an integer".
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        out_of_range = not SEED_MIN <= value <= SEED_MAX
+    else:
+        out_of_range = isinstance(value, float) and value.is_integer() and abs(value) >= 2**63
+    if out_of_range:
+        raise ValueError(f"must be a 64-bit signed integer, from {SEED_MIN} to {SEED_MAX}")
+    return value
 
 
 class FunctionCall(_Strict):
@@ -134,6 +172,11 @@ class _GenerationFields(_Strict):
         # JSON has one number type; strict mode would otherwise reject `"temperature": 0`.
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_in_range(cls, value: Any) -> Any:
+        return check_seed(value)
+
     @field_validator("truncate_prompt_tokens")
     @classmethod
     def _positive_or_minus_one(cls, value: int | None) -> int | None:
@@ -157,6 +200,11 @@ class ChatCompletionRequest(_GenerationFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _not_too_many(cls, value: Any) -> Any:
+        return check_message_count(value)
 
     @property
     def named_tool(self) -> str | None:
@@ -291,6 +339,11 @@ class TokenizeRequest(_Strict):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _not_too_many(cls, value: Any) -> Any:
+        return check_message_count(value)
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> TokenizeRequest:
@@ -482,6 +535,11 @@ class AnthropicMessagesRequest(_Strict):
     def _int_is_a_float(cls, value: Any) -> Any:
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _not_too_many(cls, value: Any) -> Any:
+        return check_message_count(value)
+
     @field_validator("system")
     @classmethod
     def _no_tool_changes_in_system_field(
@@ -541,3 +599,8 @@ class ResponsesRequest(_Strict):
     @classmethod
     def _int_is_a_float(cls, value: Any) -> Any:
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _not_too_many(cls, value: Any) -> Any:
+        return check_message_count(value, "input items")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,7 +122,9 @@ def test_stream_reader_framing(pipeline: RenderPipeline) -> None:
         {"request_id": "r", "choices": [{"index": 0, "token_ids": [*ids[2:], 2], "finish_reason": "stop"}]},
         {"request_id": "r", "choices": [], "usage": {"prompt_tokens_details": {"cached_tokens": 3}}},
     ]
-    body = b"".join(b"data: " + json.dumps(e).encode() + b"\r\n\r\n" for e in events) + b"data: [DONE]\r\n\r\n"
+    body = (
+        b"".join(b"data: " + json.dumps(e).encode() + b"\r\n\r\n" for e in events) + b"data: [DONE]\r\n\r\n"
+    )
     # Cut the body at awkward places: inside "data:", inside the JSON, between "\r" and "\n".
     pieces = [body[:3], body[3:40], body[40:41], body[41:120], body[120:]]
     call = _chat(pipeline, stream=True, stream_options={"include_usage": True})

@@ -66,7 +66,11 @@ MEDIA_PARTS = frozenset(
 
 
 def refuse_media_part(kind: object, param: str) -> None:
-    """A 400 for a content part that carries media: every chat format renders text parts only."""
+    """A 400 for a content part that carries media: every chat format renders text parts only. Also a 400
+    for a `type` that is not a string (`kind` is the part's `type` as sent, None when absent), the same on
+    every chat format: a list or an object is no part type (and not hashable)."""
+    if kind is not None and not isinstance(kind, str):
+        raise RenderError(_type_not_a_string(param, kind), param=f"{param}.type")
     if kind in MEDIA_PARTS:
         raise UnsupportedContentError(
             f"{param} is a {kind!r} part: multimodal content (images, audio, video, files) is not yet supported "
@@ -170,9 +174,7 @@ def _part(part: Any, *, param: str) -> dict[str, str] | None:
                 param=f"{param}.type",
             )
         kind = media
-    if not isinstance(kind, str):
-        raise RenderError(f"{param}.type must be a string", param=f"{param}.type")
-    refuse_media_part(kind, param)
+    refuse_media_part(kind, param)  # also refuses a type that is not a string
     if kind == "tool_reference":
         name = part.get("name")
         if name is None:
@@ -193,6 +195,11 @@ def _part(part: Any, *, param: str) -> dict[str, str] | None:
     if not isinstance(text, str):
         raise RenderError(f"{param}.{field} must be a string", param=f"{param}.{field}")
     return {"type": "text", "text": text}
+
+
+def _type_not_a_string(param: str, kind: object) -> str:
+    shape = {list: "a list", dict: "an object", bool: "a boolean", int: "a number", float: "a number"}
+    return f'{param}.type must be a string such as "text" (got {shape.get(type(kind), type(kind).__name__)})'
 
 
 def _normalize_tool_call(call: dict[str, Any]) -> dict[str, Any]:

@@ -97,14 +97,31 @@ def _location(loc: tuple[Any, ...]) -> str:
     return text
 
 
+# pydantic names a validated type `function-after[_check(), Model]`: to a person, that is `Model`.
+_VALIDATOR_WRAPPER = re.compile(r"function-(?:after|before|wrap|plain)\[[^\[\]]*?\(\), ([^\[\]]*)\]")
+
+
+def _readable_label(label: str) -> str:
+    while True:
+        plain = _VALIDATOR_WRAPPER.sub(r"\1", label)
+        if plain == label:
+            return plain
+        label = plain
+
+
 def _union_branches(errors: list[dict[str, Any]], where: str) -> list[str]:
     branches = []
     for error in errors:
         loc = [str(p) for p in error.get("loc", ())]
-        labels = [p for p in loc if _TYPE_LABEL.match(p) and not p[0].isupper()]
+        labels = [_readable_label(p) for p in loc if _TYPE_LABEL.match(p) and not p[0].isupper()]
         if _location(tuple(error.get("loc", ()))).startswith(where) and labels and labels[0] not in branches:
             branches.append(labels[0])
     return branches
+
+
+def _readable_message(message: str) -> str:
+    # A validator's own ValueError reads as pydantic prefixes it: "Value error, <the validator's words>".
+    return message.removeprefix("Value error, ")
 
 
 def _validation_message(errors: list[dict[str, Any]], content_type: str) -> tuple[str, str | None]:
@@ -131,7 +148,7 @@ def _validation_message(errors: list[dict[str, Any]], content_type: str) -> tupl
     messages = []
     for error in errors[:5]:
         where = _location(tuple(error.get("loc", ()))) or "body"
-        messages.append(f"{where}: {error.get('msg', 'invalid')}")
+        messages.append(f"{where}: {_readable_message(str(error.get('msg', 'invalid')))}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return "invalid request: " + "; ".join(messages) + more, loc or None
 

@@ -3,10 +3,11 @@ per-request machinery.
 
 FastAPI's request handling (dependency solving, body parsing by content type, pydantic validation through
 its field wrappers, response serialization) costs several times what rendering a short chat costs. A lean
-route reads the body once, parses it with orjson, validates it with the endpoint's pydantic body model, keeps
-the parsed object and the raw bytes on the request (`json_body`, `raw_body`), and calls the endpoint
-directly. The endpoint returns a `Response`, or a value encoded with orjson. Errors are the app's usual
-OpenAI-shaped errors.
+route reads the body once, parses it with orjson (`responses.loads_request`: strict JSON, so NaN, Infinity
+and lone surrogates are a 400 naming the field, never an answer that cannot be encoded), validates it with
+the endpoint's pydantic body model, keeps the parsed object and the raw bytes on the request (`json_body`,
+`raw_body`), and calls the endpoint directly. The endpoint returns a `Response`, or a value encoded with
+orjson. Errors are the app's usual OpenAI-shaped errors.
 
 Endpoints take exactly two parameters: the body model and the `Request`.
 """
@@ -25,7 +26,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from tokenfront.server.errors import APIError, response_for, validation_error
-from tokenfront.server.responses import JSONBytesResponse, loads
+from tokenfront.server.responses import JSONBytesResponse, RequestJSONError, loads_request
 
 __all__ = ["LeanRoute", "json_body", "raw_body"]
 
@@ -112,7 +113,10 @@ def _parse(body: bytes, request: Request) -> Any:
     if not body:
         raise APIError(400, "the request body is empty: send a JSON object")
     try:
-        payload = loads(body)
+        payload = loads_request(body)
+    except RequestJSONError as exc:
+        # NaN, Infinity, a lone surrogate: parsed by lenient parsers, but never answerable (not even echoed).
+        raise APIError(400, f"invalid request: {exc.message}", param=exc.param) from None
     except ValueError as exc:
         raise APIError(400, f"the request body is not valid JSON ({exc})") from None
     if not isinstance(payload, dict):

@@ -2,17 +2,24 @@
 
 Every server answers through these, so a body is parsed once and a response is encoded once, without the
 standard library's slower encoder on the hot path.
+
+A request body is parsed with `loads_request`, which takes exactly what can be answered: JSON text (RFC 8259)
+whose strings are Unicode text. What the standard library's parser also takes — `NaN`, `Infinity`, numbers
+too large for a double, and lone surrogates (`"\\ud800"`) — could not be encoded again (in the echo of a render
+answer, in an error message, in a forwarded body), so it is refused there with the field named.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 import orjson
 from starlette.responses import Response
 
-__all__ = ["JSONBytesResponse", "dumps", "loads"]
+__all__ = ["JSONBytesResponse", "RequestJSONError", "dumps", "loads", "loads_request"]
 
 
 def dumps(value: Any) -> bytes:
@@ -25,14 +32,105 @@ def dumps(value: Any) -> bytes:
 
 
 def loads(data: bytes | str) -> Any:
-    """Parse JSON; ValueError (with the parser's reason) when it is not JSON."""
+    """Parse JSON; ValueError (with the parser's reason) when it is not JSON.
+
+    Lenient, for answers from peers (workers, vLLM): see `loads_request` for a client's body.
+    """
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         try:  # orjson refuses integers beyond 64 bits, which JSON allows
             return json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise ValueError(str(exc)) from None
+
+
+class RequestJSONError(ValueError):
+    """A request body that is not JSON tokenfront can answer; `param` names the field (None: the body)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class _NonFinite:
+    """Stands for a `NaN` / `Infinity` literal, or a number beyond a double, until its field is found."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _number(text: str) -> float | _NonFinite:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def loads_request(data: bytes) -> Any:
+    """A client's JSON body, parsed; `RequestJSONError` naming the field when it is not JSON that can be
+    answered (see the module doc), ValueError with the parser's reason when it is not JSON at all."""
+    try:
+        return orjson.loads(data)  # strict already: no NaN, no Infinity, no lone surrogates
+    except orjson.JSONDecodeError as exc:
+        reason = str(exc)
+    # What orjson refuses that JSON allows: integers beyond 64 bits, nesting beyond 1024 levels. The standard
+    # library parses those, and also what JSON does not allow: found below, by field.
+    try:
+        value = json.loads(data, parse_constant=_NonFinite, parse_float=_number)
+    except RecursionError:
+        raise RequestJSONError("the request body is nested too deeply to parse") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(reason) from None
+    problem = _first_unanswerable(value)
+    if problem is not None:
+        raise RequestJSONError(*problem)
+    return value
+
+
+def _first_unanswerable(value: Any) -> tuple[str, str | None] | None:
+    """(message, param) of the first value (in document order) that JSON text cannot carry, or None."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        where = path or "the request body"
+        if isinstance(item, _NonFinite):
+            return (
+                f"{where} is {item.text}, which is not a JSON number: send a finite number "
+                "(JSON has no NaN or Infinity, and a number must fit in a double)",
+                path or None,
+            )
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return _surrogate_message(f"{where} contains", item), path or None
+        elif isinstance(item, dict):
+            children = []
+            for key, child in item.items():
+                if _SURROGATE.search(key):
+                    owner = (
+                        f"{where} has a key that contains"
+                        if path
+                        else "the request body has a key containing"
+                    )
+                    return _surrogate_message(owner, key), path or None
+                children.append((f"{path}.{key}" if path else key, child))
+            stack.extend(reversed(children))
+        elif isinstance(item, list):
+            stack.extend(reversed([(f"{path}[{index}]", child) for index, child in enumerate(item)]))
+    return None
+
+
+def _surrogate_message(subject: str, text: str) -> str:
+    found = _SURROGATE.search(text)
+    assert found is not None
+    return (
+        f"{subject} a lone surrogate ({ascii(found.group())[1:-1]}), which is not Unicode text: write a "
+        "character beyond U+FFFF as a surrogate pair (e.g. \\ud83d\\ude00) or as UTF-8"
+    )
 
 
 class JSONBytesResponse(Response):

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tokenfront.protocol import NamedToolChoice, Tool
+from tokenfront.protocol import MIN_TOP_P, NamedToolChoice, Tool, check_seed
 
 __all__ = [
     "GenerateRequest",
@@ -68,7 +68,8 @@ class GenerateSamplingParams(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     n: int = Field(default=1, ge=1, le=128)
-    temperature: float = Field(default=1.0, ge=0)
+    # vLLM's SamplingParams refuses a temperature above 2 and one that is not finite.
+    temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = 0
     seed: int | None = None
@@ -78,6 +79,17 @@ class GenerateSamplingParams(BaseModel):
     # vLLM: the number of top candidates besides the sampled token (-1: the whole vocabulary).
     logprobs: int | None = Field(default=None, ge=0, le=20)
     detokenize: bool = True
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_in_range(cls, value: Any) -> Any:
+        return check_seed(value)
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p_floor(cls, value: float) -> float:
+        # See protocol.MIN_TOP_P: the same answer (the most likely token), without float32 rounding it to 0.
+        return max(value, MIN_TOP_P)
 
     @field_validator("top_k")
     @classmethod

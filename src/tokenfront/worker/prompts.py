@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tokenfront.core.families import ModelFamily, family_for
 from tokenfront.core.reasoning import reasoning_ended
 from tokenfront.core.render import RenderPipeline
-from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.protocol import ChatCompletionRequest, CompletionRequest, check_tools
 from tokenfront.server.errors import APIError
 from tokenfront.worker.metrics import WorkerMetrics
 
@@ -74,12 +74,9 @@ class PromptBuilder:
                 "--tool-call-parser (e.g. hermes), or use tool_choice auto",
                 param="tool_choice",
             )
-        if not any(tool.function.name == name for tool in request.tools or ()):
-            raise APIError(
-                400,
-                f"tool_choice names the function {name!r}, which is not among the request's tools",
-                param="tool_choice",
-            )
+        # The request model refuses a tool_choice without its tool already; checked again with the same rule
+        # (and message, the renderer's) for a request built without validation.
+        check_tools(request.tools, request.tool_choice)
         return name
 
     def chat(self, request: ChatCompletionRequest, *, forced_tool: str | None = None) -> PromptInput:

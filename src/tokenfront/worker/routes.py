@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -74,15 +75,22 @@ def kv_events_router() -> APIRouter:
     return router
 
 
+# A sequence number or a count: ASCII digits, at most 20 of them (2**64 has 20), so `int()` never meets
+# Python's 4300-digit limit nor a digit it cannot read ("²" is a digit to `str.isdigit`).
+_QUERY_INT = re.compile(r"[0-9]{1,20}")
+
+
 def _non_negative_int(value: str | None, name: str, *, default: int) -> int:
     """A query parameter as a non-negative integer, or a 400 saying what is expected."""
     if value is None:
         return default
-    if not value.strip().isdigit():  # also refuses "-1", "1.5", "" and "0x10"
+    text = value.strip()
+    if not _QUERY_INT.fullmatch(text):  # also refuses "-1", "1.5", "", "0x10" and "²"
+        shown = repr(text) if len(text) <= 40 else f"{len(text)} characters"
         raise APIError(
             400,
-            f"query parameter `{name}` must be a non-negative integer (a sequence number or a count), "
-            f"got {value!r}",
+            f"query parameter `{name}` must be a non-negative integer of at most 20 digits (a sequence number "
+            f"or a count), got {shown}",
             param=name,
         )
-    return int(value)
+    return int(text)

@@ -6,10 +6,52 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tokenfront.core.checkpoint import Checkpoint
+from tokenfront.protocol import MIN_TOP_P
 from tokenfront.server.errors import APIError
 from tokenfront.worker.engine import SamplingParams
 
-__all__ = ["SamplingDefaults", "context_length"]
+__all__ = [
+    "MAX_SEQUENCES_PER_REQUEST",
+    "MAX_TOKENS_PER_REQUEST",
+    "SamplingDefaults",
+    "check_request_size",
+    "check_request_tokens",
+    "context_length",
+]
+
+# What one request may ask the engine for (module constants: a server may set them at start-up). Sequences:
+# prompts x n (n alone is at most 128). Tokens: over all its sequences, prompt ids plus the generation budget
+# (max_tokens, else the context's room): 128 sequences of a 128k context fit.
+MAX_SEQUENCES_PER_REQUEST = 1024
+MAX_TOKENS_PER_REQUEST = 1 << 24
+
+
+def check_request_size(prompts: int, n: int, *, param: str = "n") -> None:
+    """A 400 before any work when `prompts` x `n` sequences are more than a request may ask for."""
+    sequences = prompts * n
+    if sequences > MAX_SEQUENCES_PER_REQUEST:
+        raise APIError(
+            400,
+            f"this request asks for {sequences} sequences ({prompts} prompts x n={n}); this server generates "
+            f"at most {MAX_SEQUENCES_PER_REQUEST} per request: lower n or send the prompts in several requests",
+            param=param,
+            code="request_too_large",
+        )
+
+
+def check_request_tokens(budgets: list[tuple[int, int]], n: int) -> None:
+    """A 400 when the sequences' tokens, `n` x (prompt ids + generation budget) over the (prompt length,
+    budget) pairs, are more than a request may ask for."""
+    total = n * sum(prompt + budget for prompt, budget in budgets)
+    if total > MAX_TOKENS_PER_REQUEST:
+        raise APIError(
+            400,
+            f"this request asks for {total} tokens ({len(budgets)} prompts x n={n}, prompt tokens plus "
+            f"max_tokens each); this server takes at most {MAX_TOKENS_PER_REQUEST} per request: set a lower "
+            "max_tokens, lower n or send the prompts in several requests",
+            param="max_tokens",
+            code="request_too_large",
+        )
 
 
 @dataclass(frozen=True)
@@ -44,7 +86,7 @@ class SamplingDefaults:
         return SamplingParams(
             max_tokens=self.max_tokens(prompt_length, max_tokens),
             temperature=_first(request.temperature, defaults.get("temperature"), 1.0),
-            top_p=_first(request.top_p, defaults.get("top_p"), 1.0),
+            top_p=max(_first(request.top_p, defaults.get("top_p"), 1.0), MIN_TOP_P),
             top_k=top_k if top_k > 0 else -1,
             seed=request.seed,
             stop_token_ids=frozenset(request.stop_token_ids or ()) | self.eos_ids,

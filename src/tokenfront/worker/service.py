@@ -3,7 +3,9 @@
 For each request `WorkerService`
 
 1. gets the prompt ids (`prompts.PromptBuilder`: rendered by the shared pipeline, or given);
-2. works out the sampling parameters and the token budget (`sampling.SamplingDefaults`);
+2. works out the sampling parameters and the token budget (`sampling.SamplingDefaults`), and refuses a
+   request that asks for more sequences or tokens than one request may (`sampling.check_request_size`,
+   `check_request_tokens`);
 3. submits one engine sequence per choice (`n`), each read by its own `ChoiceParser` from the output core
    (`choices.ChoiceRun`);
 4. answers with one JSON object, or with server-sent events ending in `data: [DONE]`, shaped by the output
@@ -47,7 +49,7 @@ from tokenfront.worker.choices import ChoiceRun, collect_all, merged_events
 from tokenfront.worker.engine import Engine, GenerationRequest, SamplingParams
 from tokenfront.worker.metrics import WorkerMetrics
 from tokenfront.worker.prompts import PromptBuilder, PromptInput
-from tokenfront.worker.sampling import SamplingDefaults
+from tokenfront.worker.sampling import SamplingDefaults, check_request_size, check_request_tokens
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,7 @@ class WorkerService:
         logprobs = _chat_logprobs_count(request)
         max_tokens = request.max_completion_tokens or request.max_tokens
         params = self.sampling.params(request, len(prompt.token_ids), max_tokens, logprobs)
+        check_request_tokens([(len(prompt.token_ids), params.max_tokens)], request.n or 1)
         constraint_for = await self._constraint_factory(request, forced, params.max_tokens)
         output = OutputConfig.for_chat(
             request,
@@ -171,15 +174,24 @@ class WorkerService:
             raise APIError(
                 400, "echo with logprobs is not supported (prompt logprobs are not computed)", param="echo"
             )
-        prompts = self.prompts.completion(request)
         n = request.n or 1
+        check_request_size(_prompt_count(request.prompt), n)  # before any prompt is read
+        prompts = self.prompts.completion(request)
         request_id = completion_request_id()
         output = OutputConfig.for_completion(stop=request.stop, hidden_ids=self.sampling.eos_ids)
+        all_params = [
+            self.sampling.params(request, len(prompt.token_ids), request.max_tokens, request.logprobs)
+            for prompt in prompts
+        ]
+        check_request_tokens(
+            [
+                (len(prompt.token_ids), params.max_tokens)
+                for prompt, params in zip(prompts, all_params, strict=True)
+            ],
+            n,
+        )
         runs = []
-        for prompt_index, prompt in enumerate(prompts):
-            params = self.sampling.params(
-                request, len(prompt.token_ids), request.max_tokens, request.logprobs
-            )
+        for prompt_index, (prompt, params) in enumerate(zip(prompts, all_params, strict=True)):
             for offset in range(n):
                 index = prompt_index * n + offset
                 runs.append(
@@ -258,6 +270,13 @@ class WorkerService:
         except Exception as exc:  # headers are sent: the error can only be reported in the stream itself
             yield sse_event(stream_error(formatter.head.request_id, exc))
         yield SSE_DONE
+
+
+def _prompt_count(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+    """How many prompts a completions `prompt` holds (a text, texts, one id list, id lists)."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return len(prompt)
+    return 1
 
 
 def _chat_logprobs_count(request: ChatCompletionRequest) -> int | None:
