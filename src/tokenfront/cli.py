@@ -9,21 +9,33 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from tokenfront import __version__
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.options import add_render_arguments, options_from_args
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
+from tokenfront.server.process import DEFAULT_SHUTDOWN_TIMEOUT
 
 log = logging.getLogger("tokenfront")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake on the command line told in one line (`--help` has the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
 def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     group.add_argument(
-        "--port", type=int, default=default_port, help=f"port to bind (default: {default_port})"
+        "--port",
+        type=_port,
+        default=default_port,
+        help=f"port to bind, 1-65535 (0: any free port); bound before anything loads (default: {default_port})",
     )
     group.add_argument(
         "--api-key",
@@ -32,9 +44,18 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
     )
     group.add_argument(
         "--max-body-bytes",
-        type=int,
+        type=_positive_int,
         default=DEFAULT_MAX_BODY_BYTES,
         help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})",
+    )
+    group.add_argument(
+        "--shutdown-timeout",
+        type=_non_negative_float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT,
+        metavar="SECONDS",
+        help="on SIGTERM, seconds in-flight requests get to finish; those still running then are cut: a 503 "
+        "OpenAI error, or an error event and `data: [DONE]` on a stream "
+        f"(default: {DEFAULT_SHUTDOWN_TIMEOUT:g})",
     )
     group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     group.add_argument(
@@ -46,12 +67,16 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
 
 
 def _run_render(args: argparse.Namespace) -> int:
-    from tokenfront.server.process import prepare_workers
+    from tokenfront.server.process import bind_socket, prepare_workers
 
     prepare_workers(args.workers)  # first: metrics shared across processes must be set up before import
     from tokenfront.core.torch_guard import hide_torch
 
     hide_torch()  # the renderer never runs a model: keep torch out even where it is installed
+    _quiet_torch_absence()
+    _check_render_options(args)
+    # Before loading anything: a port already taken fails now.
+    sock = bind_socket(args.host, args.port, reuse_port=args.workers > 1)
     from tokenfront.core.render import RenderPipeline
     from tokenfront.renderer.app import create_renderer_app
     from tokenfront.server.process import run_server
@@ -77,8 +102,18 @@ def _run_render(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             access_log=args.access_log,
             workers=args.workers,
+            shutdown_timeout=args.shutdown_timeout,
+            sock=sock,
         )
     return 0
+
+
+def _quiet_torch_absence() -> None:
+    """transformers warns that PyTorch is missing when torch is hidden on purpose: not news, and a line too many
+    on stderr (a start-up mistake is one line)."""
+    logging.getLogger("transformers").addFilter(
+        lambda record: "PyTorch was not found" not in record.getMessage()
+    )
 
 
 @contextlib.contextmanager
@@ -93,12 +128,20 @@ def _finishing_background_work(pipeline: Any) -> Iterator[None]:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    from tokenfront.server.process import bind_socket, run_server
+
+    _check_render_options(args)
+    _check_model_folder(args.model)
+    sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     # The worker runs the model: torch is imported here on purpose (no torch guard, unlike `render`).
     from tokenfront.core.render import RenderPipeline
-    from tokenfront.server.process import run_server
     from tokenfront.worker.app import create_worker_app
-    from tokenfront.worker.engines.transformers import TransformersEngine
+    from tokenfront.worker.engines.transformers import TransformersEngine, resolve_device
 
+    try:
+        resolve_device(args.device)  # before the checkpoint: a device torch cannot use fails now
+    except ValueError as exc:
+        raise TokenfrontError(str(exc)) from exc
     options = options_from_args(args)
     # Built exactly as the renderer builds it, so the fingerprints (and the ids) match.
     pipeline = RenderPipeline.load(options)
@@ -124,7 +167,15 @@ def _run_serve(args: argparse.Namespace) -> int:
         engine.info.tokens_per_block,
     )
     app = create_worker_app(pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
-    run_server(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    run_server(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        shutdown_timeout=args.shutdown_timeout,
+        sock=sock,
+    )
     return 0
 
 
@@ -132,10 +183,17 @@ def _run_route(args: argparse.Namespace) -> int:
     from tokenfront.core.torch_guard import hide_torch
 
     hide_torch()  # the router renders like the renderer: keep torch out even where it is installed
+    _quiet_torch_absence()
+    from tokenfront.server.process import bind_socket, run_server
+
+    _check_render_options(args)
+    _check_workers(args.worker)
+    _check_api_key(args.worker_api_key, "--worker-api-key", "TOKENFRONT_WORKER_API_KEY")
+    sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
+    port = int(sock.getsockname()[1])
     from tokenfront.core.render import RenderPipeline
     from tokenfront.router.app import RouterSettings, create_router_app
     from tokenfront.router.workers import PoolSettings
-    from tokenfront.server.process import run_server
 
     # The router polls every worker's /health, /server_info and KV events: httpx's per-request INFO lines
     # would drown the log.
@@ -161,8 +219,9 @@ def _run_route(args: argparse.Namespace) -> int:
             connect_timeout=args.connect_timeout,
             request_timeout=args.request_timeout,
             max_connections=args.max_connections_per_worker,
-            api_key=args.worker_api_key,
+            worker_api_key=args.worker_api_key,
         ),
+        listen=(args.host, port),
     )
     if pipeline is not None:
         log.info(
@@ -177,8 +236,98 @@ def _run_route(args: argparse.Namespace) -> int:
         )
     app = create_router_app(pipeline, settings, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
     with _finishing_background_work(pipeline):
-        run_server(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+        run_server(
+            app,
+            host=args.host,
+            port=port,
+            log_level=args.log_level,
+            access_log=args.access_log,
+            shutdown_timeout=args.shutdown_timeout,
+            sock=sock,
+        )
     return 0
+
+
+def _check_render_options(args: argparse.Namespace) -> None:
+    """The start-up mistakes that can be found without loading anything, each a TokenfrontError in one line:
+    a local --model / --tokenizer folder that does not exist, a --chat-template file that does not exist, an
+    unknown parser, an empty --served-model-name, an --api-key that cannot work."""
+    from tokenfront.core.checkpoint import load_chat_templates, resolve_folder
+    from tokenfront.core.reasoning import get_reasoning_parser
+    from tokenfront.core.tool_calls import get_tool_call_parser
+
+    for option, value in (("model", args.model), ("tokenizer", args.tokenizer)):
+        if value is not None and not value.strip():
+            raise TokenfrontError(f"--{option} is empty: give a checkpoint folder or a Hugging Face model id")
+        if value is not None and _names_local_path(value):
+            resolve_folder(value, what=option)  # only local checks: a hub id is fetched when loading
+    if args.chat_template is not None:
+        load_chat_templates(None, args.chat_template)  # a path that is no file: CheckpointError
+    for option, name, lookup in (
+        ("--reasoning-parser", args.reasoning_parser, get_reasoning_parser),
+        ("--tool-call-parser", args.tool_call_parser, get_tool_call_parser),
+    ):
+        if name is not None:
+            try:
+                lookup(name)
+            except ValueError as exc:
+                raise TokenfrontError(f"{option} {name!r}: {exc}") from exc
+    for name in args.served_model_name or ():
+        if not name.strip():
+            raise TokenfrontError("--served-model-name: a model name must not be empty")
+    _check_api_key(args.api_key, "--api-key", "TOKENFRONT_API_KEY")
+
+
+# What a worker's --model folder needs besides the tokenizer: the config and weights transformers loads.
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.index.json")
+
+
+def _check_model_folder(model: str) -> None:
+    """A local --model folder of the worker must have config.json and weights (found before torch loads)."""
+    if not _names_local_path(model):
+        return  # a hub id: the hub client fetches it, and the engine says what is missing
+    folder = Path(model).expanduser()
+    if not (folder / "config.json").is_file():
+        raise TokenfrontError(f"--model {model}: no config.json; the worker needs a model checkpoint folder")
+    if not any(next(folder.glob(pattern), None) is not None for pattern in _WEIGHT_PATTERNS):
+        raise TokenfrontError(
+            f"--model {model}: no weights (model.safetensors, pytorch_model.bin, ...); the worker runs the model, "
+            "so it needs a checkpoint with weights (`tokenfront render` needs none)"
+        )
+
+
+def _names_local_path(value: str) -> bool:
+    """Whether --model / --tokenizer names a local path rather than a hub id (as `resolve_folder` tells them)."""
+    return Path(value).expanduser().exists() or value.startswith((".", "/", "~")) or value.count("/") > 1
+
+
+def _check_api_key(key: str | None, option: str, env: str) -> None:
+    """An API key must be something a client can send: not empty, printable ASCII without spaces. The key
+    itself is never shown."""
+    if key is None:
+        return
+    source = f"{option} (or ${env})"
+    if not key.strip():
+        raise TokenfrontError(f"{source} is empty: give a key, or unset it to serve without one")
+    bad = next((index for index, char in enumerate(key) if not "!" <= char <= "~"), None)
+    if bad is not None:
+        raise TokenfrontError(
+            f"{source} has a character that cannot be sent in an Authorization header at position {bad + 1} "
+            "(whitespace, a control character or non-ASCII; a key read from a file may end with a newline)"
+        )
+
+
+def _check_workers(specs: Sequence[Any]) -> None:
+    """Each --worker once: the same URL twice (however spelled: a trailing `/`, the default port, case) is a
+    mistake."""
+    from tokenfront.router.workers import normalize_url
+
+    seen: set[str] = set()
+    for spec in specs:
+        url = normalize_url(spec.url)
+        if url in seen:
+            raise TokenfrontError(f"--worker {url} is given twice: name each worker once")
+        seen.add(url)
 
 
 def _worker_spec(text: str) -> object:
@@ -200,7 +349,7 @@ def _float_between(low: float, high: float = float("inf"), *, low_inclusive: boo
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
         above = value >= low if low_inclusive else value > low
         if not (above and value <= high):
-            bound = f"at least {low}" if low_inclusive else f"more than {low}"
+            bound = f"must be at least {low:g}" if low_inclusive else f"must be more than {low:g}"
             raise argparse.ArgumentTypeError(bound + (f" and at most {high}" if high != float("inf") else ""))
         return value
 
@@ -324,6 +473,16 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from exc
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port: give 1 to 65535 (0: any free port)")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = _non_negative_int(text)
     if value < 1:
@@ -349,7 +508,7 @@ def _run_fixtures(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tokenfront",
         description="Render OpenAI requests into the exact prompt token ids a worker computes.",
     )
@@ -424,10 +583,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except TokenfrontError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _one_line(text: str) -> str:
+    """A start-up error is one line on stderr, whatever the library it comes from put in its message."""
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -404,7 +404,8 @@ def dual_format_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {"tokenizer.model.v3": DATA / SPM_FILES["spm-v3"], "tokenizer.model": DATA / SPM_FILES["spm-v3"]},
         {**CONFIG, "vocab_size": 32768},
     )
-    LlamaTokenizer(vocab_file=str(folder / "tokenizer.model")).save_pretrained(str(folder))
+    # from_pretrained reads the sentencepiece model (transformers 5 ignores vocab_file= and saves 3 tokens).
+    LlamaTokenizer.from_pretrained(str(folder)).save_pretrained(str(folder))
     (folder / "tokenizer.model").unlink()  # mistral mode must pick the .v3 file; hf mode reads tokenizer.json
     assert (folder / "tokenizer.json").is_file()
     return folder

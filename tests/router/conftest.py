@@ -161,17 +161,28 @@ class PlainOpenAIServer:
     `server_info` is given, in which case it answers that (a stand-in publishing a chosen fingerprint).
     `POST /tokenize` is a 404 too — unless `tokenize` is given: it gets each body (recorded in
     `tokenize_bodies`) and returns the status and payload to answer (a stand-in for vLLM's `/tokenize`).
+    `health_status` is what `/health` answers; `models`, when given, is listed by `GET /v1/models` (a 404
+    otherwise).
     """
 
     def __init__(
         self,
         server_info: dict[str, Any] | None = None,
         tokenize: Callable[[dict[str, Any]], tuple[int, Any]] | None = None,
+        *,
+        health_status: int = 200,
+        models: list[str] | None = None,
+        generate_status: int = 400,
     ) -> None:
         self.bodies: list[dict[str, Any]] = []
+        # What POST /inference/v1/generate answers: 400 (the route is there, the body is not a request; as
+        # vLLM with --enable-scale-out answers the router's check), or 403/404 (the route is not there).
+        self.generate_status = generate_status
         self.tokenize_bodies: list[dict[str, Any]] = []
         self.server_info = server_info
         self.tokenize = tokenize
+        self.health_status = health_status
+        self.models = models
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -182,7 +193,11 @@ class PlainOpenAIServer:
 
             def do_GET(self) -> None:
                 if self.path == "/health":
-                    self._json(200, {"status": "ok"})
+                    self._json(owner.health_status, {"status": "ok"})
+                elif self.path == "/v1/models" and owner.models is not None:
+                    self._json(
+                        200, {"object": "list", "data": [{"id": m, "object": "model"} for m in owner.models]}
+                    )
                 elif self.path == "/server_info" and owner.server_info is not None:
                     self._json(200, owner.server_info)
                 else:
@@ -193,6 +208,9 @@ class PlainOpenAIServer:
                 if self.path == "/tokenize" and owner.tokenize is not None:
                     owner.tokenize_bodies.append(body)
                     self._json(*owner.tokenize(body))
+                    return
+                if self.path == "/inference/v1/generate":
+                    self._json(owner.generate_status, {"error": {"message": "token_ids: Field required"}})
                     return
                 if self.path not in ("/v1/chat/completions", "/v1/completions"):
                     self._json(404, {"error": {"message": "not found"}})
@@ -246,8 +264,9 @@ def plain_servers() -> Iterator[Callable[..., PlainOpenAIServer]]:
     def start(
         server_info: dict[str, Any] | None = None,
         tokenize: Callable[[dict[str, Any]], tuple[int, Any]] | None = None,
+        **options: Any,
     ) -> PlainOpenAIServer:
-        server = PlainOpenAIServer(server_info, tokenize)
+        server = PlainOpenAIServer(server_info, tokenize, **options)
         started.append(server)
         return server
 

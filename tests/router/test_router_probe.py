@@ -192,6 +192,28 @@ def test_router_without_verify_probe_blocks_a_worker_with_no_fingerprint(
     assert stand_in.tokenize_bodies == []  # checked again, and still no probe: there was no opt-in
 
 
+def test_router_generate_worker_without_the_route_is_unusable(
+    fleet: Fleet, qwen3: Path, renderer: Any, plain_servers: Any
+) -> None:
+    """A protocol=generate worker whose /inference/v1/generate is not there (vLLM without
+    --enable-scale-out answers 403) is not used, and says what to do; one whose route is there is."""
+    without: PlainOpenAIServer = plain_servers(tokenize=_via_renderer(renderer.url), generate_status=403)
+    with_route: PlainOpenAIServer = plain_servers(tokenize=_via_renderer(renderer.url))
+    workers = [
+        f"{without.url},protocol=generate,verify=probe",
+        f"{with_route.url},protocol=generate,verify=probe",
+    ]
+    router = fleet.start(*router_command(qwen3, workers))
+    _, listed = _listing(router)
+    missing = listed[without.url]
+    assert (missing["state"], missing["unusable"]) == ("unusable", "no_generate_route")
+    assert "answered 403" in missing["problem"] and "--enable-scale-out" in missing["problem"]
+    assert listed[with_route.url]["state"] == "healthy"
+    assert listed[with_route.url]["render_check"].startswith("verified by probe, ")
+    (warning,) = log_lines(router, f"worker {without.url} cannot be used")
+    assert "--enable-scale-out" in warning
+
+
 def test_router_post_workers_takes_protocol_and_verify(
     fleet: Fleet, qwen3: Path, renderer: Any, plain_servers: Any, pipeline: RenderPipeline
 ) -> None:
@@ -216,9 +238,13 @@ def test_router_post_workers_takes_protocol_and_verify(
             assert message.startswith(f"invalid request: {field}: Input should be"), message
         assert [item["url"] for item in client.get("/workers").json()["workers"]] == [good.url]
 
-        added = client.post("/workers", json={"url": bad.url, "verify": "probe"})
+        refused = client.post("/workers", json={"url": bad.url, "verify": "probe"})
+        assert refused.status_code == 400, refused.text
+        assert "verify=probe needs protocol=generate" in refused.json()["error"]["message"]
+
+        added = client.post("/workers", json={"url": bad.url, "verify": "probe", "protocol": "generate"})
         assert added.status_code == 201, added.text
-        assert added.json()["protocol"] == "openai" and added.json()["render_check"] is None
+        assert added.json()["protocol"] == "generate" and added.json()["render_check"] is None
         (reason,) = added.json()["gate_reasons"]
         assert reason.startswith("probe case 'tool_history' differs: ")
         assert added.json()["probe"]["compared"] == CASE_NAMES.index("tool_history")
@@ -263,8 +289,8 @@ def test_router_worker_spec_protocol_and_verify() -> None:
         "http://h:8000", protocol="generate", verify="probe"
     )
     assert WorkerSpec.parse(
-        "http://h:8000,kv-events=tcp://h:5557,verify=probe,protocol=openai"
-    ) == WorkerSpec("http://h:8000", "tcp://h:5557", protocol="openai", verify="probe")
+        "http://h:8000,kv-events=tcp://h:5557,verify=probe,protocol=generate"
+    ) == WorkerSpec("http://h:8000", "tcp://h:5557", protocol="generate", verify="probe")
     for bad, complaint in (
         ("http://h:8000,protocol=grpc", "protocol must be openai or generate, not 'grpc'"),
         ("http://h:8000,verify=bogus", "verify must be probe, not 'bogus'"),
@@ -275,6 +301,9 @@ def test_router_worker_spec_protocol_and_verify() -> None:
         with pytest.raises(ValueError, match="expected URL") as raised:
             WorkerSpec.parse(bad)
         assert complaint in str(raised.value) and "\n" not in str(raised.value)
+    with pytest.raises(ValueError, match="verify=probe needs protocol=generate") as raised:
+        WorkerSpec.parse("http://h:8000,verify=probe")
+    assert str(raised.value).startswith("'http://h:8000,verify=probe': ") and "\n" not in str(raised.value)
 
 
 def test_router_gate_reads_probe_results(pipeline: RenderPipeline, caplog: pytest.LogCaptureFixture) -> None:
@@ -388,7 +417,7 @@ def test_router_pool_probes_on_each_check(pipeline: RenderPipeline, plain_server
         pool = WorkerPool(KvIndex(), settings, prober=Prober(pipeline), on_change=lambda: changes.append(1))
         unprobed = WorkerPool(KvIndex(), settings)
         try:
-            worker = await pool.add(WorkerSpec(stand_in.url, verify="probe"))
+            worker = await pool.add(WorkerSpec(stand_in.url, protocol="generate", verify="probe"))
             assert worker.report is not None and worker.report.probe == ProbeResult(7)
             assert worker.describe()["verify"] == "probe" and len(changes) == 1
             # A /tokenize too slow to answer says nothing new about a worker whose probe passed.
@@ -397,13 +426,13 @@ def test_router_pool_probes_on_each_check(pipeline: RenderPipeline, plain_server
             assert worker.report.probe == ProbeResult(7) and len(changes) == 1
             stand_in.tokenize = answer
 
-            missing = await pool.add(WorkerSpec(no_tokenize.url, verify="probe"))
+            missing = await pool.add(WorkerSpec(no_tokenize.url, protocol="generate", verify="probe"))
             assert missing.report is not None and missing.report.probe == ProbeResult(
                 0, (), "probe case 'system_user': /tokenize answered 404 (not found)"
             )
             plain = await unprobed.add(WorkerSpec(no_tokenize.url))
             assert plain.report is not None and plain.report.probe is None
-            router_cannot = await unprobed.add(WorkerSpec(stand_in.url, verify="probe"))
+            router_cannot = await unprobed.add(WorkerSpec(stand_in.url, protocol="generate", verify="probe"))
             assert router_cannot.report is not None and router_cannot.report.probe == ProbeResult(
                 0, (), NO_PROBER
             )

@@ -12,6 +12,7 @@ import logging
 import os
 import weakref
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +247,48 @@ def _read_template_option(value: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+# Files a transformers tokenizer is built from (its vocabulary): `tokenizer.json`, or what transformers converts
+# (SentencePiece / tiktoken `tokenizer.model` and other `*.model`, `*.tiktoken`, Mistral's `tekken.json`, a
+# GPT-2 style `vocab.json` + `merges.txt`, a WordPiece `vocab.txt`). Without one of them transformers builds a
+# tokenizer with no vocabulary (or fails with a multi-line message), whatever `tokenizer_config.json` says.
+TOKENIZER_VOCAB_PATTERNS = (
+    "tokenizer.json",
+    "tekken.json",
+    "vocab.json",
+    "vocab.txt",
+    "*.model",
+    "*.model.v*",
+    "*.tiktoken",
+)
+
+
+def check_tokenizer_files(folder: Path, *, tokenizer_config: dict[str, Any] | None = None) -> None:
+    """CheckpointError (one line) when `folder` has no file a tokenizer can be built from.
+
+    A tokenizer shipped as code (`tokenizer_config.json` with `auto_map`) may read files of its own: it is left
+    to load (an empty result is caught by `load_tokenizer`).
+    """
+    if tokenizer_config is not None and "auto_map" in tokenizer_config:
+        return
+    try:
+        names = sorted(path.name for path in folder.iterdir() if path.is_file())
+    except OSError as exc:
+        raise CheckpointError(f"cannot read the tokenizer folder {folder}: {exc.strerror or exc}") from exc
+    if any(fnmatch(name, pattern) for pattern in TOKENIZER_VOCAB_PATTERNS for name in names):
+        return
+    missing = "tokenizer.json" + ("" if "tokenizer_config.json" in names else " / tokenizer_config.json")
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+    raise CheckpointError(
+        f"no tokenizer in {folder}: it has no {missing} (nor a tokenizer.model, tekken.json, vocab.json or "
+        f"*.tiktoken file; {'only ' + shown if names else 'it is empty'}); pass the checkpoint folder that has "
+        "the tokenizer files, or the tokenizer's own folder with --tokenizer"
+    )
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def load_tokenizer(folder: Path, *, trust_remote_code: bool) -> Any:
     """Load the tokenizer with transformers (no torch needed), the reference every rendered id is checked against.
 
@@ -265,12 +308,34 @@ def load_tokenizer(folder: Path, *, trust_remote_code: bool) -> Any:
         if "trust_remote_code" in str(exc):
             hint = " The tokenizer ships its own code: start with --trust-remote-code if you trust it."
         raise CheckpointError(
-            f"cannot load a tokenizer from {folder}: {type(exc).__name__}: {exc}.{hint}"
+            f"cannot load a tokenizer from {folder}: {type(exc).__name__}: {_one_line(str(exc))}{hint}"
         ) from exc
+    if not has_vocabulary(tokenizer):
+        raise CheckpointError(
+            f"the tokenizer in {folder} has no vocabulary (only special tokens): its tokenizer files are missing "
+            "or empty; pass the checkpoint folder that has tokenizer.json, or name it with --tokenizer"
+        )
     from tokenfront.core.fingerprint import prefetch_tokenizer_hashes  # imported here: fingerprint imports us
 
     prefetch_tokenizer_hashes(tokenizer)
     return tokenizer
+
+
+def has_vocabulary(tokenizer: Any) -> bool:
+    """Whether the tokenizer has at least one ordinary token (not an added or special one): transformers builds
+    a tokenizer with none from a folder without vocabulary files, which encodes every text to no ids."""
+    size = getattr(tokenizer, "vocab_size", None)
+    if not isinstance(size, int) or size > 1024:  # cheap: only a tiny vocabulary is looked at token by token
+        return True
+    try:
+        vocab = tokenizer.get_vocab()
+        special = set(getattr(tokenizer, "all_special_ids", ()))
+        decoder = getattr(tokenizer, "added_tokens_decoder", None)
+        if isinstance(decoder, dict):
+            special.update(decoder)
+    except Exception:  # a tokenizer that cannot say: take it as it is
+        return True
+    return any(token_id not in special for token_id in vocab.values())
 
 
 # Serialized Rust tokenizers, by transformers tokenizer; see `tokenizer_json`.
@@ -366,6 +431,7 @@ def load_checkpoint(
     if mode == "mistral":
         loaded = mistral.load_tokenizer(tokenizer_path)
     else:
+        check_tokenizer_files(tokenizer_path, tokenizer_config=tokenizer_config)
         loaded = load_tokenizer(tokenizer_path, trust_remote_code=trust_remote_code)
     templates = load_chat_templates(tokenizer_path, chat_template)
     if templates is None and model_path is not None and model_path != tokenizer_path:

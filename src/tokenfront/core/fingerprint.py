@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from typing import Any
 
-from tokenfront.core.checkpoint import release_freed_memory, tokenizer_json
+from tokenfront.core.checkpoint import has_vocabulary, release_freed_memory, tokenizer_json
 
 try:  # a declared dependency; without it the (slower) standard library gives the same bytes
     import orjson
@@ -417,9 +417,13 @@ def build_fingerprint(
 
     `chat_format`: what builds chat prompts instead of a template (Harmony, mistral-common), with its version;
     `tokenizer_part`: the tokenizer's components when the family identifies its tokenizer itself.
+    Never complete for a tokenizer with no vocabulary (`checkpoint.has_vocabulary`: only special tokens).
     """
     tokenizer_components_, incomplete = tokenizer_part or tokenizer_components(tokenizer)
     incomplete = list(incomplete)
+    if not has_vocabulary(tokenizer):
+        # Built from no vocabulary file: every such tokenizer hashes alike, and none can encode anything.
+        incomplete.append("the tokenizer has no vocabulary (only special tokens): its files were not found")
     if remote_code and not any("trust-remote-code" in reason for reason in incomplete):
         incomplete.append("the checkpoint's own code was loaded with --trust-remote-code")
     compared = {

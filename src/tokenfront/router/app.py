@@ -9,6 +9,7 @@ torch out of the process, as the renderer app does.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -20,7 +21,9 @@ if not hide_torch():
     logging.getLogger(__name__).warning("torch is already imported: the router app cannot keep it out")
 
 from fastapi import FastAPI  # after the torch guard, on purpose
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tokenfront.core.errors import TokenfrontError
 from tokenfront.core.render import RenderPipeline
 from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
@@ -36,8 +39,16 @@ from tokenfront.router.routes import (
     served_model_names,
     workers_router,
 )
-from tokenfront.router.workers import PoolSettings, WorkerPool, WorkerSpec
+from tokenfront.router.workers import (
+    LOOP_CODE,
+    VIA_HEADER,
+    PoolSettings,
+    WorkerPool,
+    WorkerSpec,
+    worker_identity,
+)
 from tokenfront.server.app import create_app
+from tokenfront.server.errors import error_response
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 from tokenfront.server.metrics import ServerMetrics
 
@@ -57,6 +68,9 @@ class RouterSettings:
     cache_threshold: float = 0.5
     served_model_names: Sequence[str] = ()
     pool: PoolSettings = field(default_factory=PoolSettings)
+    # Where the router listens (`--host`, `--port`): a `--worker` naming it is refused at start-up. A router
+    # without it still finds itself, at the first health check after it listens (VIA_HEADER).
+    listen: tuple[str, int] | None = None
 
 
 def create_router_app(
@@ -69,6 +83,7 @@ def create_router_app(
     """The router: proxied inference routes, render routes, `/workers`, and the common routes (role router).
 
     `pipeline` None is a router without a tokenizer: it routes by load only and never forwards ids.
+    TokenfrontError (one line) when two `settings.workers` are one worker, or one is the router itself.
     """
     kv_index = KvIndex()
     policy = build_policy(
@@ -80,8 +95,23 @@ def create_router_app(
     )
     has_model_path = pipeline is not None and pipeline.checkpoint.model_path is not None
     gate = ForwardingGate(pipeline.fingerprint if pipeline else None, has_model_path=has_model_path)
+    # This process's id: sent to workers with every request (VIA_HEADER) and published on /server_info, so
+    # that a URL reaching this router, or a router routing back to it, is found however it is spelled.
+    router_id = secrets.token_hex(8)
+    own_names = (
+        tuple(pipeline.served_model_names) if pipeline is not None else tuple(settings.served_model_names)
+    )
     # Probes `verify=probe` workers (no fingerprint, e.g. vLLM) against the router's own rendering.
-    pool = WorkerPool(kv_index, settings.pool, prober=Prober(pipeline) if pipeline is not None else None)
+    pool = WorkerPool(
+        kv_index,
+        settings.pool,
+        prober=Prober(pipeline) if pipeline is not None else None,
+        router_id=router_id,
+        model_names=lambda: own_names,
+    )
+    if settings.listen is not None:
+        pool.note_own_address(*settings.listen)
+    check_worker_specs(pool, settings.workers)
     server_metrics = ServerMetrics()
     metrics = RouterMetrics(server_metrics.registry)
     pool.on_change = lambda: _reevaluate(pool, gate, metrics)
@@ -107,12 +137,60 @@ def create_router_app(
     app.state.kv_index = kv_index
     app.state.policy_name = settings.policy
     app.state.proxy = proxy
+    app.state.router_id = router_id
     app.include_router(inference_router())
     app.include_router(workers_router())
     app.include_router(render_router() if pipeline is not None else render_unavailable_router())
     app.include_router(derender_router())
     app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers)
+    # Outermost on both paths (FastAPI's and the lean routes'), before auth: a request carrying this router's
+    # own id came back to it.
+    app.add_middleware(LoopGuard, router_id=router_id)
+    if app.lean_front is not None:
+        app.lean_front = LoopGuard(app.lean_front, router_id=router_id)
     return app
+
+
+def check_worker_specs(pool: WorkerPool, specs: Sequence[WorkerSpec]) -> None:
+    """TokenfrontError (one line) when two configured workers are one (another spelling of the same scheme,
+    host and port) or one names an address the router listens on."""
+    seen: dict[tuple[str, str, int], str] = {}
+    for spec in specs:
+        identity = worker_identity(spec.url)
+        if identity in seen:
+            raise TokenfrontError(f"--worker {spec.url} is given twice (also as {seen[identity]})")
+        seen[identity] = spec.url
+        own = pool.own_address(spec.url)
+        if own is not None:
+            raise TokenfrontError(
+                f"--worker {spec.url} is this router itself (it listens on {own}): a router cannot be its own "
+                "worker"
+            )
+
+
+class LoopGuard:
+    """Answers 508 `router_loop` to a request carrying this router's own id in VIA_HEADER: it was sent by this
+    router, so a worker URL reaches the router itself (the health check then marks that worker unusable)."""
+
+    def __init__(self, app: ASGIApp, *, router_id: str) -> None:
+        self.app = app
+        self._id = router_id.encode()
+        self._header = VIA_HEADER.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == self._header and self._id in (part.strip() for part in value.split(b",")):
+                    response = error_response(
+                        508,
+                        "this request came back to the router that sent it: one of its worker URLs reaches the "
+                        "router itself (GET /workers)",
+                        code=LOOP_CODE,
+                        error_type="server_error",
+                    )
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
 
 
 def _reevaluate(pool: WorkerPool, gate: ForwardingGate, metrics: RouterMetrics) -> None:

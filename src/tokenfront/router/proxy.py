@@ -132,6 +132,7 @@ class Plan:
     reason: str | None = None  # why the router's ids were not forwarded
     raw_body: bytes = b""
     generate: GenerateCall | None = None
+    model: str | None = None  # the model the client named: only workers serving it are chosen
 
     def call_for(self, worker: Worker) -> _Call:
         """What this worker is sent: the generate call, the body with ids, or the client's body."""
@@ -197,19 +198,33 @@ class Proxy:
         if request.prompt_token_ids is not None:
             # The client rendered it: route by its ids, send them as they are.
             target = RouteRequest(list(request.prompt_token_ids), cache_salt=salt)
-            return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, "client_token_ids")
+            return self._unchanged(
+                "chat", CHAT_PATH, raw_body, target, stream, "client_token_ids", request.model
+            )
         rendered = self._render_chat(request)
         if rendered is None:
-            return self._unchanged("chat", CHAT_PATH, raw_body, RouteRequest(None, salt), stream, "no_render")
+            return self._unchanged(
+                "chat", CHAT_PATH, raw_body, RouteRequest(None, salt), stream, "no_render", request.model
+            )
         target = RouteRequest(rendered.token_ids, cache_salt=salt)
         reason = (
             self._never_forward(request.named_tool is not None, [rendered.prompt_text]) or self._gate_reason()
         )
         if reason is not None:
-            return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, reason)
+            return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, reason, request.model)
         body = _with_field(raw_body, "prompt_token_ids", rendered.token_ids)
         call = self._generate(lambda pipeline: chat_call(pipeline, request, rendered))
-        return Plan("chat", CHAT_PATH, body, target, True, stream, raw_body=raw_body, generate=call)
+        return Plan(
+            "chat",
+            CHAT_PATH,
+            body,
+            target,
+            True,
+            stream,
+            raw_body=raw_body,
+            generate=call,
+            model=request.model,
+        )
 
     def plan_completion(self, request: CompletionRequest, raw_body: bytes) -> Plan:
         """Render a completions request (every prompt) and decide what goes to the worker."""
@@ -217,7 +232,13 @@ class Proxy:
         stream, salt = bool(request.stream), request.cache_salt
         if self.pipeline is None:
             return self._unchanged(
-                "completion", COMPLETIONS_PATH, raw_body, RouteRequest(None, salt), stream, "no_render"
+                "completion",
+                COMPLETIONS_PATH,
+                raw_body,
+                RouteRequest(None, salt),
+                stream,
+                "no_render",
+                request.model,
             )
         items = self.pipeline.render_completion(request)
         target = RouteRequest(items[0].token_ids, cache_salt=salt)
@@ -229,12 +250,22 @@ class Proxy:
         else:
             reason = self._never_forward(False, texts) or self._gate_reason()
         if reason is not None:
-            return self._unchanged("completion", COMPLETIONS_PATH, raw_body, target, stream, reason)
+            return self._unchanged(
+                "completion", COMPLETIONS_PATH, raw_body, target, stream, reason, request.model
+            )
         prompt = items[0].token_ids if len(items) == 1 else [item.token_ids for item in items]
         body = _with_field(raw_body, "prompt", prompt)
         call = self._generate(lambda pipeline: completion_call(pipeline, request, items))
         return Plan(
-            "completion", COMPLETIONS_PATH, body, target, True, stream, raw_body=raw_body, generate=call
+            "completion",
+            COMPLETIONS_PATH,
+            body,
+            target,
+            True,
+            stream,
+            raw_body=raw_body,
+            generate=call,
+            model=request.model,
         )
 
     def _generate(self, build: Callable[[RenderPipeline], GenerateCall | None]) -> GenerateCall | None:
@@ -255,10 +286,17 @@ class Proxy:
             raise
 
     def _unchanged(
-        self, route: str, path: str, body: bytes, target: RouteRequest, stream: bool, reason: str
+        self,
+        route: str,
+        path: str,
+        body: bytes,
+        target: RouteRequest,
+        stream: bool,
+        reason: str,
+        model: str | None,
     ) -> Plan:
         self.metrics.not_forwarded.labels(reason).inc()
-        return Plan(route, path, body, target, forwarded=False, stream=stream, reason=reason)
+        return Plan(route, path, body, target, forwarded=False, stream=stream, reason=reason, model=model)
 
     def _gate_reason(self) -> str | None:
         return None if self.gate.state.forwarding else "gate"
@@ -334,6 +372,13 @@ class Proxy:
             return fallback
         if failures:
             raise APIError(503, "every worker failed this request: " + "; ".join(failures), code="no_worker")
+        if plan.model is not None and self.pool.active():
+            raise APIError(
+                503,
+                f"no active worker serves the model {plan.model!r}: the workers serve other names (GET /workers "
+                "shows each one's served_model_names)",
+                code="no_worker",
+            )
         raise APIError(
             503,
             "no worker is available: none is configured or every one is failing its health checks "
@@ -342,7 +387,7 @@ class Proxy:
         )
 
     def _choose(self, plan: Plan, tried: set[str]) -> tuple[Worker, WorkerLoad] | None:
-        candidates = {w.url: w for w in self.pool.active() if w.url not in tried}
+        candidates = {w.url: w for w in self.pool.serving(plan.model) if w.url not in tried}
         if not candidates:
             return None
         loads = [worker.load() for worker in candidates.values()]

@@ -6,6 +6,9 @@ router has something to render with.
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -14,12 +17,24 @@ from pydantic import BaseModel, ConfigDict
 
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.renderer.routes import RENDER_PATHS
+from tokenfront.router.connections import describe_error
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.proxy import Proxy
-from tokenfront.router.workers import WorkerPool, WorkerReport, WorkerSpec, normalize_url
+from tokenfront.router.workers import (
+    DuplicateWorker,
+    RouterItself,
+    Worker,
+    WorkerPool,
+    WorkerReport,
+    WorkerSpec,
+    check_kv_endpoint,
+    normalize_url,
+)
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute, raw_body
+
+log = logging.getLogger(__name__)
 
 
 def inference_router() -> APIRouter:
@@ -46,6 +61,7 @@ def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
     pipeline = proxy.pipeline
     names = served_model_names(proxy)
     return {
+        "router_id": proxy.pool.router_id,
         "model": names[0] if names else None,
         "served_model_names": names,
         "render_fingerprint": pipeline.fingerprint.to_json() if pipeline else None,
@@ -54,7 +70,7 @@ def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
         "policy": policy,
         "policy_state": proxy.policy.explain(),
         "gate": proxy.gate.state.to_json(),
-        "workers": [worker.describe() for worker in proxy.pool.workers.values()],
+        "workers": [_safely(worker, worker.describe) for worker in list(proxy.pool.workers.values())],
         "kv_index": kv_index.stats(),
     }
 
@@ -91,35 +107,65 @@ def workers_router() -> APIRouter:
     @router.post("/workers", status_code=201, summary="Add a worker (checked once before answering)")
     async def add_worker(body: AddWorker, raw: Request) -> JSONResponse:
         pool: WorkerPool = raw.app.state.pool
+        url = _worker_url(body.url)
         try:
-            spec = WorkerSpec(
-                normalize_url(body.url),
-                body.kv_events,
-                body.kv_replay,
-                protocol=body.protocol,
-                verify=body.verify,
-            )
-            if spec.kv_replay and not spec.kv_events:
+            kv_events = check_kv_endpoint(body.kv_events, "kv_events") if body.kv_events is not None else None
+            kv_replay = check_kv_endpoint(body.kv_replay, "kv_replay") if body.kv_replay is not None else None
+            if kv_replay and not kv_events:
                 raise ValueError("kv_replay needs kv_events too")
         except ValueError as exc:
-            raise APIError(400, str(exc), param="url") from exc
-        if spec.url in pool.workers:
+            raise APIError(400, str(exc), param="kv_events", code="invalid_kv_endpoint") from exc
+        try:
+            spec = WorkerSpec(url, kv_events, kv_replay, protocol=body.protocol, verify=body.verify)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="verify") from exc
+        # Where this request came in is an address the router listens on: a worker URL naming it is the router.
+        server = raw.scope.get("server")
+        if isinstance(server, (tuple, list)) and len(server) == 2:
+            pool.note_own_address(*server)
+        try:
+            worker = await pool.add(spec, refuse_loops=True)
+        except DuplicateWorker as exc:
             raise APIError(
-                409, f"worker {spec.url} is already in the pool", param="url", code="worker_exists"
-            )
-        worker = await pool.add(spec)
-        return JSONResponse(worker_view(raw, worker.url), status_code=201)
+                409,
+                f"{exc} (the same scheme, host and port; loopback names count as one host): DELETE "
+                f"/workers?url={exc.existing} first to replace it",
+                param="url",
+                code="worker_exists",
+            ) from exc
+        except RouterItself as exc:
+            raise APIError(400, f"refused: {exc}", param="url", code="worker_is_router") from exc
+        return JSONResponse(_safely(worker, lambda: worker_view(raw, worker.url)), status_code=201)
 
     @router.delete("/workers", summary="Remove a worker (its in-flight requests finish)")
     async def remove_worker(raw: Request, url: str = Query(..., description="the worker's base URL")) -> dict:
         pool: WorkerPool = raw.app.state.pool
-        key = url.strip().rstrip("/")
-        if key not in pool.workers:
+        key = _worker_url(url)
+        worker = pool.find(key)
+        if worker is None:
             raise APIError(404, f"no worker {key} in the pool", param="url", code="worker_not_found")
-        await pool.remove(key)
-        return {"removed": key, **workers_view(raw)}
+        await pool.remove(worker.url)
+        return {"removed": worker.url, **workers_view(raw)}
 
     return router
+
+
+def _worker_url(url: str) -> str:
+    """The canonical spelling of a worker URL a client gave; a 400 that says what is wrong with it otherwise."""
+    try:
+        return normalize_url(url)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="url", code="invalid_worker_url") from exc
+
+
+def _safely(worker: Worker, describe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A worker's description; one that cannot be described is listed with why, never failing the listing."""
+    try:
+        return describe()
+    except Exception as exc:
+        log.exception("describing worker %s failed", worker.url)
+        url = worker.url.encode("ascii", "backslashreplace").decode("ascii")
+        return {"url": url, "state": "error", "problem": f"describing it failed ({describe_error(exc)})"}
 
 
 def worker_view(raw: Request, url: str) -> dict[str, Any]:
@@ -163,7 +209,10 @@ def workers_view(raw: Request) -> dict[str, Any]:
     pool: WorkerPool = raw.app.state.pool
     proxy: Proxy = raw.app.state.proxy
     return {
-        "workers": [worker_view(raw, url) for url in pool.workers],
+        "workers": [
+            _safely(worker, functools.partial(worker_view, raw, url))
+            for url, worker in list(pool.workers.items())
+        ],
         "gate": proxy.gate.state.to_json(),
     }
 

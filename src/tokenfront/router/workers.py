@@ -20,19 +20,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import logging
+import re
 import time
-from collections.abc import Callable, Coroutine, Iterable
+import unicodedata
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
+import idna
 
 from tokenfront.core.fingerprint import Fingerprint
 from tokenfront.core.kv_blocks import KV_CACHE_HASH
 from tokenfront.core.reasoning import ReasoningParser, get_reasoning_parser
 from tokenfront.router.connections import WorkerConnections, describe_error
+from tokenfront.router.generate import GENERATE_PATH
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies.base import WorkerLoad
 from tokenfront.router.probe import NO_PROBER, Prober, ProbeResult, ProbeUnreachable
@@ -69,6 +73,15 @@ class WorkerSpec:
     protocol: str = "openai"
     verify: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.verify == "probe" and self.protocol != "generate":
+            # Only tokenfront's OpenAI routes take prompt_token_ids, and tokenfront publishes a fingerprint:
+            # a probed worker on its OpenAI route would render the request itself, whatever the probe said.
+            raise ValueError(
+                "verify=probe needs protocol=generate: a worker's OpenAI routes render the request themselves "
+                "(vLLM's ignores prompt_token_ids), so only its /inference/v1/generate takes the router's ids"
+            )
+
     @classmethod
     def parse(cls, text: str) -> WorkerSpec:
         """Read `URL[,kv-events=E[,kv-replay=E]][,protocol=openai|generate][,verify=probe]` (`--worker`).
@@ -84,23 +97,33 @@ class WorkerSpec:
             if problem is None and key in found:
                 problem = f"{key} given twice"
             if problem is not None:
-                raise ValueError(f"{text!r}: {problem}; expected {_SPEC_SYNTAX}")
+                raise ValueError(f"{_shown(text)}: {problem}; expected {_SPEC_SYNTAX}")
             found[key] = value
         if "kv-replay" in found and "kv-events" not in found:
-            raise ValueError(f"{text!r}: kv-replay needs kv-events too")
-        return cls(
-            normalize_url(url),
-            found.get("kv-events"),
-            found.get("kv-replay"),
-            protocol=found.get("protocol", "openai"),
-            verify=found.get("verify"),
-        )
+            raise ValueError(f"{_shown(text)}: kv-replay needs kv-events too")
+        base = normalize_url(url)
+        try:
+            return cls(
+                base,
+                found.get("kv-events"),
+                found.get("kv-replay"),
+                protocol=found.get("protocol", "openai"),
+                verify=found.get("verify"),
+            )
+        except ValueError as exc:
+            raise ValueError(f"{_shown(text)}: {exc}") from None
 
 
 def _option_problem(key: str, value: str) -> str | None:
     """What is wrong with one `KEY=VALUE` of a worker spec (None: nothing)."""
     if key in ("kv-events", "kv-replay"):
-        return None if value else f"{key} needs a value (a vLLM worker's ZMQ endpoint)"
+        if not value:
+            return f"{key} needs a value (a vLLM worker's ZMQ endpoint)"
+        try:
+            check_kv_endpoint(value, key)
+        except ValueError as exc:
+            return str(exc)
+        return None
     if key == "protocol":
         return None if value in PROTOCOLS else f"protocol must be {' or '.join(PROTOCOLS)}, not {value!r}"
     if key == "verify":
@@ -108,13 +131,182 @@ def _option_problem(key: str, value: str) -> str | None:
     return f"unknown option {key!r}"
 
 
-def normalize_url(url: str) -> str:
-    """A worker's base URL without a trailing slash; ValueError unless it is an http(s) URL with a host."""
-    url = url.strip().rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{url!r} is not a worker URL: expected http://HOST:PORT")
-    return url
+# --- worker URLs ----------------------------------------------------------------------------------------------
+
+# A worker URL longer than this is refused (a base URL is a scheme, a host and a port).
+MAX_URL_LENGTH = 2048
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# Names of this machine's loopback interface: one worker, however it is spelled. A server bound to 0.0.0.0
+# (or ::) answers on them too, and no second server can bind the same port on loopback.
+_LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", "::ffff:127.0.0.1"})
+_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+# The last label of a host WHATWG reads as a number (then the whole host must be a dotted IPv4 address).
+_NUMERIC_LABEL = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)")
+
+
+@dataclass(frozen=True)
+class WorkerAddress:
+    """A worker's base URL, validated: scheme, host (lower case, IDNA-encoded, IPv6 without brackets) and port."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """The canonical spelling: `scheme://host[:port]`, the port only when it is not the scheme's default."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        port = "" if self.port == _DEFAULT_PORTS[self.scheme] else f":{self.port}"
+        return f"{self.scheme}://{host}{port}"
+
+    @property
+    def identity(self) -> tuple[str, str, int]:
+        """What two spellings of one worker share: scheme, host (every loopback name alike) and port."""
+        return (self.scheme, "loopback" if self.host in _LOOPBACK_HOSTS else self.host, self.port)
+
+    @classmethod
+    def parse(cls, url: Any) -> WorkerAddress:
+        """Read a worker's base URL (`http(s)://HOST[:PORT][/]`); ValueError says what is wrong, in one line."""
+        if not isinstance(url, str):
+            raise ValueError(f"a worker URL must be a string, not {type(url).__name__}")
+        shown = _shown(url)
+        problem = _url_problem(url)
+        if isinstance(problem, str):
+            raise ValueError(f"worker URL {shown}: {problem}; expected http://HOST:PORT")
+        return problem
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """`text` quoted for a message: escaped (control characters, lone surrogates) and cut to `limit`."""
+    quoted = repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+    return quoted.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _url_problem(url: str) -> str | WorkerAddress:
+    """The parsed address, or what is wrong with `url`."""
+    if len(url) > MAX_URL_LENGTH:
+        return f"too long (at most {MAX_URL_LENGTH} characters)"
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not valid Unicode (a lone surrogate)"
+    if any(unicodedata.category(ch) == "Cc" for ch in url):
+        return "contains a control character (CR, LF, NUL, tab, ...)"
+    url = url.strip(" ")
+    if any(ch.isspace() for ch in url):
+        return "contains whitespace"
+    scheme, separator, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not separator or scheme not in _DEFAULT_PORTS:
+        return "the scheme must be http:// or https://"
+    end = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    if "?" in tail:
+        return "has a query string (a worker URL is a base URL: scheme, host and port)"
+    if "#" in tail:
+        return "has a fragment (a worker URL is a base URL: scheme, host and port)"
+    if tail not in ("", "/"):
+        return f"has a path ({_shown(tail, 40)}): the router calls /health, /v1/... on the base URL itself"
+    if "@" in authority:
+        return "has user info (user:password@): give workers a key with --worker-api-key instead"
+    if authority.startswith("["):
+        host, bracket, port_text = authority[1:].partition("]")
+        if not bracket or (port_text and not port_text.startswith(":")):
+            return "an IPv6 host must be written [ADDRESS] or [ADDRESS]:PORT"
+        port_text = port_text[1:]
+        address = _ipv6(host)
+        if address is None:
+            return f"the host {_shown(host, 60)} in brackets is not an IPv6 address"
+        host = address
+    else:
+        host, _, port_text = authority.rpartition(":") if ":" in authority else (authority, "", "")
+        if ":" in host:
+            return "an IPv6 host must be in brackets: http://[ADDRESS]:PORT"
+        checked = _host_problem(host)
+        if checked[1] is not None:
+            return checked[1]
+        host = checked[0]
+    if port_text == "":
+        port = _DEFAULT_PORTS[scheme]
+    elif not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
+        return f"the port must be a number from 1 to 65535, not {_shown(port_text, 20)}"
+    else:
+        port = int(port_text)
+    return WorkerAddress(scheme, host, port)
+
+
+def _ipv6(text: str) -> str | None:
+    try:
+        return ipaddress.IPv6Address(text).compressed
+    except ValueError:
+        return None
+
+
+def _host_problem(host: str) -> tuple[str, str | None]:
+    """(the host in its canonical form, None), or ("", what is wrong with it)."""
+    if not host:
+        return "", "has no host"
+    host = host.lower()
+    if host.endswith(".") and len(host) > 1:
+        host = host[:-1]  # the fully qualified spelling of the same name
+    if not host.isascii():
+        try:
+            host = idna.encode(host, uts46=True).decode("ascii")
+        except (idna.IDNAError, UnicodeError) as exc:
+            return "", f"the host {_shown(host, 60)} is not a valid internationalized name ({exc})"
+    labels = host.split(".")
+    if _NUMERIC_LABEL.fullmatch(labels[-1]):
+        try:
+            return str(ipaddress.IPv4Address(host)), None
+        except ValueError:
+            return "", f"the host {_shown(host, 60)} is not an IPv4 address (four numbers 0-255)"
+    if len(host) > 253:
+        return "", f"the host is {len(host)} characters long, at most 253"
+    for label in labels:
+        if not _LABEL.fullmatch(label):
+            return "", (
+                f"the host {_shown(host, 60)} has an invalid label {_shown(label, 40)} (letters, digits, "
+                "'-' and '_', 1-63 characters, not starting or ending with '-')"
+            )
+        if label.startswith("xn--"):
+            try:
+                idna.decode(label)
+            except (idna.IDNAError, UnicodeError) as exc:
+                return (
+                    "",
+                    f"the host {_shown(host, 60)} has an invalid IDNA label {_shown(label, 40)} ({exc})",
+                )
+    return host, None
+
+
+def normalize_url(url: Any) -> str:
+    """A worker's base URL in its canonical spelling (`WorkerAddress.url`); ValueError says what is wrong."""
+    return WorkerAddress.parse(url).url
+
+
+def worker_identity(url: str) -> tuple[str, str, int]:
+    """What every spelling of one worker's URL shares (`WorkerAddress.identity`); ValueError when invalid."""
+    return WorkerAddress.parse(url).identity
+
+
+def check_kv_endpoint(endpoint: Any, name: str) -> str:
+    """A vLLM ZMQ endpoint (`tcp://HOST:PORT` or `ipc://PATH`) as given; ValueError says what is wrong."""
+    if not isinstance(endpoint, str):
+        raise ValueError(f"{name} must be a string")
+    shown = _shown(endpoint)
+    if not endpoint or len(endpoint) > MAX_URL_LENGTH:
+        raise ValueError(f"{name} {shown}: expected tcp://HOST:PORT, at most {MAX_URL_LENGTH} characters")
+    if not endpoint.isascii() or any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in endpoint):
+        raise ValueError(f"{name} {shown}: only printable ASCII, no whitespace; expected tcp://HOST:PORT")
+    scheme, separator, rest = endpoint.partition("://")
+    if separator and scheme == "ipc" and rest:
+        return endpoint
+    host, colon, port = rest.rpartition(":")
+    if scheme != "tcp" or not separator or not colon or not host:
+        raise ValueError(f"{name} {shown}: expected tcp://HOST:PORT (or ipc://PATH)")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{name} {shown}: the port must be a number from 1 to 65535")
+    return endpoint
 
 
 @dataclass(frozen=True)
@@ -134,6 +326,12 @@ class WorkerReport:
     kv_cache_hash: str | None = None
     reasoning_parser: str | None = None
     probe: ProbeResult | None = None
+    # The model names it answers to (`/server_info` "served_model_names" or "model", else `GET /v1/models`);
+    # None when it says none.
+    served_model_names: tuple[str, ...] | None = None
+    # A tokenfront router as a worker: its instance id, and those of the routers among its own workers.
+    router_id: str | None = None
+    routes_to: tuple[str, ...] = ()
 
     @classmethod
     def from_server_info(cls, info: Any) -> WorkerReport:
@@ -142,16 +340,26 @@ class WorkerReport:
             return cls(None, missing="/server_info is not a JSON object")
         fingerprint = Fingerprint.from_json(info.get("render_fingerprint"))
         block = info.get("tokens_per_block")
+        model = _text(info.get("model"))
+        names = _names(info.get("served_model_names")) or ((model,) if model else None)
+        workers = info.get("workers")
         return cls(
             fingerprint=fingerprint,
             missing=None if fingerprint is not None else "/server_info has no render_fingerprint",
             role=_text(info.get("role")),
-            model=_text(info.get("model")),
+            model=model,
             tokens_per_block=block
             if isinstance(block, int) and not isinstance(block, bool) and block > 0
             else None,
             kv_cache_hash=_text(info.get("kv_cache_hash")),
             reasoning_parser=_text(info.get("reasoning_parser")),
+            served_model_names=names,
+            router_id=_text(info.get("router_id")),
+            routes_to=tuple(
+                worker["router_id"]
+                for worker in (workers if isinstance(workers, list) else ())
+                if isinstance(worker, dict) and isinstance(worker.get("router_id"), str)
+            ),
         )
 
     @property
@@ -175,6 +383,21 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _names(value: Any) -> tuple[str, ...] | None:
+    """A list of model names (None unless it is a non-empty list of strings)."""
+    if not isinstance(value, list) or not value or not all(isinstance(name, str) for name in value):
+        return None
+    return tuple(value)
+
+
+def _listed_models(body: Any) -> tuple[str, ...] | None:
+    """The ids of an OpenAI `GET /v1/models` answer (None when it lists none)."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return None
+    return _names([item.get("id") for item in data if isinstance(item, dict)])
+
+
 @dataclass
 class Worker:
     """One worker: its connection pools, its last report, its health and its load."""
@@ -190,6 +413,12 @@ class Worker:
     checked: bool = False  # at least one check finished
     report: WorkerReport | None = None
     problem: str | None = None  # why it is out of the active set
+    # Why it answers yet cannot be used (ROUTER_ITSELF, ROUTER_LOOP, WORKER_API_KEY): it is the router
+    # itself, a router routing back here, or it refuses the router's key. None otherwise.
+    unusable: str | None = None
+    # Which of the router's model names it does not serve (`WorkerPool.serving` keeps requests naming those
+    # away from it); None when it serves them all or says no names.
+    model_mismatch: str | None = None
     active_requests: int = 0
     routed: int = 0
     failures: int = 0
@@ -207,6 +436,11 @@ class Worker:
         for watcher in watchers:
             watcher()
 
+    def serves(self, model: str) -> bool:
+        """Whether it answers to `model` (a worker that says no names is taken to serve any)."""
+        names = self.report.served_model_names if self.report is not None else None
+        return names is None or model in names
+
     def load(self) -> WorkerLoad:
         """What the routing policy sees of this worker."""
         block = self.report.tokens_per_block if self.report else None
@@ -216,12 +450,22 @@ class Worker:
         """The worker's state as the admin API and `/server_info` show it."""
         report = self.report
         fingerprint = report.fingerprint if report else None
+        if self.healthy:
+            state = "healthy"
+        elif self.unusable is not None:
+            state = "unusable"
+        else:
+            state = "unhealthy" if self.checked else "pending"
         return {
             "url": self.url,
-            "state": "healthy" if self.healthy else ("unhealthy" if self.checked else "pending"),
+            "state": state,
             "problem": self.problem,
+            "unusable": self.unusable,
             "role": report.role if report else None,
+            "router_id": report.router_id if report else None,
             "model": report.model if report else None,
+            "served_model_names": list(report.served_model_names or ()) if report else None,
+            "model_mismatch": self.model_mismatch,
             "tokens_per_block": report.tokens_per_block if report else None,
             "reasoning_parser": report.reasoning_parser if report else None,
             "fingerprint_digest": fingerprint.digest if fingerprint else None,
@@ -253,7 +497,41 @@ class PoolSettings:
     connect_timeout: float = 5.0
     request_timeout: float = 600.0
     max_connections: int = 256
-    api_key: str | None = None
+    # Sent to workers as `Authorization: Bearer KEY` (`--worker-api-key`); the router's own `--api-key`, which
+    # guards its clients' requests, is the app's, never sent on.
+    worker_api_key: str | None = None
+
+    @property
+    def key_for_workers(self) -> str | None:
+        """The key sent to workers (None: none)."""
+        return self.worker_api_key
+
+
+class DuplicateWorker(KeyError):
+    """The worker is in the pool already, maybe spelled otherwise (`existing` is the entry)."""
+
+    def __init__(self, url: str, existing: str) -> None:
+        super().__init__(url)
+        self.url, self.existing = url, existing
+
+    def __str__(self) -> str:
+        return f"worker {self.url} is already in the pool as {self.existing}"
+
+
+class RouterItself(ValueError):
+    """The worker URL reaches this router (or a router that routes back to it): it would route to itself."""
+
+
+# Why a worker that answers cannot be used (`Worker.unusable`).
+ROUTER_ITSELF = "router_itself"
+ROUTER_LOOP = "router_loop"
+WORKER_API_KEY = "worker_api_key"
+NO_GENERATE_ROUTE = "no_generate_route"
+# Every request the router sends a worker carries its instance id here; a router that receives its own id
+# answers 508 `router_loop` (`router.app`), so a URL that reaches the router itself is found at its first
+# health check, however it is spelled.
+VIA_HEADER = "x-tokenfront-via"
+LOOP_CODE = "router_loop"
 
 
 class WorkerPool:
@@ -266,13 +544,23 @@ class WorkerPool:
         *,
         on_change: Callable[[], None] = lambda: None,
         prober: Prober | None = None,
+        router_id: str | None = None,
+        model_names: Callable[[], Sequence[str]] = tuple,
     ) -> None:
-        """`prober` probes the `verify=probe` workers; None when the router cannot render (no pipeline)."""
+        """`prober` probes the `verify=probe` workers; None when the router cannot render (no pipeline).
+
+        `router_id` is the router's instance id (sent as `VIA_HEADER`, and looked for in a worker's
+        `/server_info`); `model_names` gives the names the router serves (none: it serves what its workers do).
+        """
         self.kv_index = kv_index
         self.settings = settings
         self.on_change = on_change
         self.prober = prober
+        self.router_id = router_id
+        self.model_names = model_names
         self.workers: dict[str, Worker] = {}
+        # Addresses the router listens on (host, port): a worker URL naming one is the router itself.
+        self._own: set[tuple[str, int]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         # One-off tasks (re-checks, closing a removed worker's pool), held so that they are not collected.
         self._one_offs: set[asyncio.Task[None]] = set()
@@ -283,10 +571,60 @@ class WorkerPool:
         """The workers requests may go to: checked and healthy."""
         return [worker for worker in self.workers.values() if worker.healthy]
 
-    async def add(self, spec: WorkerSpec) -> Worker:
-        """Add a worker and check it once before returning; KeyError when its URL is already in the pool."""
-        if spec.url in self.workers:
-            raise KeyError(spec.url)
+    def serving(self, model: str | None) -> list[Worker]:
+        """The active workers a request naming `model` may go to: those that answer to that name, or say no
+        names (a worker serving another name would answer 404). `model` None (the client named none): every
+        active worker, each answers with its own model. The proxy chooses among these.
+        """
+        active = self.active()
+        if model is None:
+            return active
+        return [worker for worker in active if worker.serves(model)]
+
+    def find(self, url: str) -> Worker | None:
+        """The worker at `url` however it is spelled (loopback names, default port, case, trailing slash)."""
+        worker = self.workers.get(url)
+        if worker is not None:
+            return worker
+        try:
+            identity = worker_identity(url)
+        except ValueError:
+            return None
+        return next((w for key, w in self.workers.items() if worker_identity(key) == identity), None)
+
+    def note_own_address(self, host: Any, port: Any) -> None:
+        """An address the router listens on (its `--host`/`--port`, or where a request came in)."""
+        if isinstance(host, str) and isinstance(port, int) and not isinstance(port, bool):
+            self._own.add((host, port))
+
+    def own_address(self, url: str) -> str | None:
+        """The router's own `host:port` that `url` names (None: it names none)."""
+        try:
+            _, host, port = worker_identity(url)
+        except ValueError:
+            return None
+        for own_host, own_port in self._own:
+            try:
+                _, own_key, _ = worker_identity(f"http://{_bracketed(own_host)}:{own_port}")
+            except ValueError:
+                continue
+            if own_port == port and own_key == host:
+                return f"{own_host}:{own_port}"
+        return None
+
+    async def add(self, spec: WorkerSpec, *, refuse_loops: bool = False) -> Worker:
+        """Add a worker and check it once before returning.
+
+        DuplicateWorker (a KeyError) when it is in the pool already under any spelling; RouterItself when its
+        URL is one the router listens on, or — with `refuse_loops` — when that first check finds it is this
+        router, or a router routing back to this one (it is removed again then).
+        """
+        existing = self.find(spec.url)
+        if existing is not None:
+            raise DuplicateWorker(spec.url, existing.url)
+        own = self.own_address(spec.url)
+        if own is not None:
+            raise RouterItself(f"{spec.url} is this router itself (it listens on {own})")
         worker = Worker(
             spec.url,
             self._client(spec.url),
@@ -301,9 +639,26 @@ class WorkerPool:
         notes += [f"protocol {spec.protocol}"] if spec.protocol != "openai" else []
         notes += ["verified by a render probe"] if spec.verify == "probe" else []
         log.info("worker %s added%s", spec.url, f" ({', '.join(notes)})" if notes else "")
-        self._start_subscriber(worker)
+        try:
+            self._start_subscriber(worker)
+        except Exception:
+            await self._discard(worker)
+            raise
         await self.check(worker)
+        if refuse_loops and worker.unusable in (ROUTER_ITSELF, ROUTER_LOOP):
+            problem = worker.problem
+            await self._discard(worker)
+            raise RouterItself(f"{spec.url}: {problem}")
         return worker
+
+    async def _discard(self, worker: Worker) -> None:
+        """Take back a worker that was refused while it was being added."""
+        if self.workers.get(worker.url) is worker:
+            del self.workers[worker.url]
+        self._stop_subscriber(worker)
+        self.kv_index.forget(worker.url)
+        worker.connections.close()
+        await worker.client.aclose()
 
     async def remove(self, url: str) -> Worker:
         """Remove a worker; KeyError when there is none with that URL. Its in-flight requests finish."""
@@ -320,7 +675,9 @@ class WorkerPool:
         return worker
 
     def _headers(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        headers = {VIA_HEADER: self.router_id} if self.router_id else {}
+        key = self.settings.key_for_workers
+        return {**headers, "authorization": f"Bearer {key}"} if key else headers
 
     def _client(self, url: str) -> httpx.AsyncClient:
         """The client of the checks and event polls (each request gives its own timeout)."""
@@ -360,38 +717,157 @@ class WorkerPool:
     # -- health ----------------------------------------------------------------------------------------------
 
     async def check(self, worker: Worker) -> None:
-        """Check one worker now: `/health`, then `/server_info` (and the render probe of a `verify=probe`
-        worker); update the active set and its report."""
+        """Check one worker now: `/health` (200), `GET /v1/models` with the router's worker key, then
+        `/server_info` (and the render probe of a `verify=probe` worker); update the active set and its report.
+
+        Never raises: a check that fails in the router itself takes the worker out, saying why (logged once
+        per distinct failure).
+        """
         async with worker.check_lock:
-            problem = await self._health_problem(worker)
-            if problem is not None:
+            if self.workers.get(worker.url) is not worker:
+                return  # removed (or refused) while this check waited for the previous one
+            try:
+                await self._check(worker)
+            except Exception as exc:
+                problem = f"checking it failed in the router ({describe_error(exc)})"
+                if problem != worker.problem:
+                    log.exception("checking worker %s failed", worker.url)
                 self._take_out(worker, problem)
                 worker.lose()
-                return
-            report = await self._read_report(worker)
-            if worker.verify == "probe":
-                report = dataclasses.replace(report, probe=await self._probe(worker))
-            if self.workers.get(worker.url) is not worker:
-                return  # removed while we were asking
-            changed = report != worker.report or not worker.healthy
-            worker.report = report
-            worker.checked = True
-            worker.last_check = time.monotonic()
-            if not worker.healthy:
-                worker.healthy, worker.problem = True, None
-                log.info("worker %s is in the active set", worker.url)
-            if changed:
-                self.on_change()
 
-    async def _health_problem(self, worker: Worker) -> str | None:
+    async def _check(self, worker: Worker) -> None:
+        problem, unusable = await self._health_problem(worker)
+        listed: tuple[str, ...] | None = None
+        if problem is None:
+            problem, listed = await self._read_models(worker)
+            unusable = WORKER_API_KEY if problem is not None else None
+        if problem is None and worker.protocol == "generate":
+            problem = await self._generate_problem(worker)
+            unusable = NO_GENERATE_ROUTE if problem is not None else None
+        if problem is not None:
+            self._take_out(worker, problem, unusable)
+            worker.lose()
+            return
+        report = await self._read_report(worker)
+        if report.served_model_names is None and listed is not None:
+            report = dataclasses.replace(report, served_model_names=listed)
+        if worker.verify == "probe":
+            report = dataclasses.replace(report, probe=await self._probe(worker))
+        if self.workers.get(worker.url) is not worker:
+            return  # removed while we were asking
+        changed = report != worker.report or not worker.healthy
+        worker.report = report
+        problem, unusable = self._report_problem(worker, report)
+        if problem is not None:
+            self._take_out(worker, problem, unusable)
+            worker.lose()
+            return
+        worker.checked = True
+        worker.last_check = time.monotonic()
+        if not worker.healthy:
+            worker.healthy, worker.problem, worker.unusable = True, None, None
+            log.info("worker %s is in the active set", worker.url)
+        if changed:
+            self.on_change()
+
+    async def _generate_problem(self, worker: Worker) -> str | None:
+        """Why a `protocol=generate` worker cannot take ids (None: its generate route is there).
+
+        An empty body is sent: a worker with the route refuses it as invalid (400 or 422); one without it
+        answers 404 (or vLLM's 403 when `--enable-scale-out` is off).
+        """
+        try:
+            response = await worker.client.post(GENERATE_PATH, json={}, timeout=self.settings.health_timeout)
+        except httpx.HTTPError as exc:
+            return f"{GENERATE_PATH} unreachable ({describe_error(exc)})"
+        if response.status_code in (403, 404, 405):
+            return (
+                f"it has no tokens-in route: {GENERATE_PATH} answered {response.status_code} (start vLLM with "
+                "--enable-scale-out, or add the worker without protocol=generate)"
+            )
+        return None
+
+    async def _health_problem(self, worker: Worker) -> tuple[str | None, str | None]:
+        """Why `/health` says the worker is not up, and whether that makes it unusable (None, None: it is up)."""
         try:
             response = await worker.client.get("/health", timeout=self.settings.health_timeout)
         except httpx.HTTPError as exc:
-            return f"/health unreachable ({describe_error(exc)})"
-        # 404: a plain OpenAI server without a health route. It answered HTTP, so it is up.
-        if response.status_code not in (200, 404):
-            return f"/health answered {response.status_code}"
-        return None
+            return f"/health unreachable ({describe_error(exc)})", None
+        if response.status_code == 508 and _error_code(response) == LOOP_CODE:
+            # Only the router that sent VIA_HEADER answers its own id so: this URL reaches this router.
+            return (
+                "this URL reaches this router itself (its /health answered the router's own 508 router_loop): "
+                "a router cannot be its own worker",
+                ROUTER_ITSELF,
+            )
+        if response.status_code in (401, 403):
+            return self._key_problem("/health", response.status_code), WORKER_API_KEY
+        if response.status_code != 200:
+            return f"/health answered {response.status_code} (a worker is up only when it answers 200)", None
+        return None, None
+
+    def _key_problem(self, route: str, status: int) -> str:
+        sent = (
+            "the router's --worker-api-key"
+            if self.settings.key_for_workers
+            else "no key (the router has no --worker-api-key)"
+        )
+        return (
+            f"it refuses the router's requests: {route} answered {status} to {sent}; start the router with "
+            "--worker-api-key set to the worker's --api-key"
+        )
+
+    async def _read_models(self, worker: Worker) -> tuple[str | None, tuple[str, ...] | None]:
+        """`GET /v1/models` with the router's worker key: (why the worker refuses that key, the names it lists).
+
+        `/health` needs no key, so this is where a worker that will refuse every request is found. Any other
+        failure says nothing (a server without the route lists no names).
+        """
+        try:
+            response = await worker.client.get("/v1/models", timeout=self.settings.health_timeout)
+        except httpx.HTTPError:
+            return None, None
+        if response.status_code in (401, 403):
+            return self._key_problem("GET /v1/models", response.status_code), None
+        if response.status_code != 200:
+            return None, None
+        try:
+            return None, _listed_models(response.json())
+        except ValueError:
+            return None, None
+
+    def _report_problem(self, worker: Worker, report: WorkerReport) -> tuple[str | None, str | None]:
+        """Why what the worker reports makes it unusable (None, None: nothing does); notes on the worker (and
+        logs once) which of the router's model names it does not serve."""
+        if self.router_id is not None and report.role == "router":
+            if report.router_id == self.router_id:
+                problem = (
+                    "this URL reaches this router itself (same router_id): a router cannot be its own worker"
+                )
+                return problem, ROUTER_ITSELF
+            if self.router_id in report.routes_to:
+                return (
+                    f"it is a router (router_id {report.router_id}) that has this router among its workers: "
+                    "requests would go round in a loop",
+                    ROUTER_LOOP,
+                )
+        own = tuple(self.model_names())
+        names = report.served_model_names
+        missing = [name for name in own if names is not None and name not in names]
+        note = None
+        if missing and names is not None:
+            note = (
+                f"model names differ: it serves {', '.join(names)}, not {', '.join(missing)} (it would answer "
+                f"404 to those: give the worker --served-model-name {missing[0]}, or the router the worker's "
+                "names)"
+            )
+        if note != worker.model_mismatch:
+            if note is not None:
+                log.warning(
+                    "worker %s: %s; requests naming those models are not sent to it", worker.url, note
+                )
+            worker.model_mismatch = note
+        return None, None
 
     async def _read_report(self, worker: Worker) -> WorkerReport:
         try:
@@ -440,14 +916,22 @@ class WorkerPool:
         with contextlib.suppress(Exception):
             await self.check(worker)
 
-    def _take_out(self, worker: Worker, problem: str) -> None:
+    def _take_out(self, worker: Worker, problem: str, unusable: str | None = None) -> None:
+        """Out of the active set for `problem`; `unusable` when the worker answers yet cannot be used."""
         first_check = not worker.checked
+        newly_unusable = unusable is not None and unusable != worker.unusable
         worker.checked = True
         worker.last_check = time.monotonic()
         worker.problem = problem
-        if first_check:
-            log.warning("worker %s is not answering yet: %s", worker.url, problem)
+        worker.unusable = unusable
         if not worker.healthy:
+            if first_check or newly_unusable:
+                log.warning(
+                    "worker %s %s: %s",
+                    worker.url,
+                    "cannot be used" if unusable is not None else "is not answering yet",
+                    problem,
+                )
             return
         worker.healthy = False
         # Whatever it held may be gone (a restart empties its cache); its event log is read again from the
@@ -459,8 +943,18 @@ class WorkerPool:
     # -- background loops ------------------------------------------------------------------------------------
 
     async def start(self, specs: Iterable[WorkerSpec]) -> None:
-        """Add the configured workers (checked once, concurrently) and start the periodic loops."""
-        await asyncio.gather(*(self.add(spec) for spec in specs))
+        """Add the configured workers (checked once, concurrently) and start the periodic loops.
+
+        A worker refused (already present under another spelling, or the router's own address) is logged and
+        left out; `tokenfront route` refuses those before it starts (`router.app.check_worker_specs`).
+        """
+        specs = list(specs)
+        results = await asyncio.gather(*(self.add(spec) for spec in specs), return_exceptions=True)
+        for spec, result in zip(specs, results, strict=True):
+            if isinstance(result, (DuplicateWorker, RouterItself)):
+                log.error("worker %s left out: %s", spec.url, result)
+            elif isinstance(result, BaseException):
+                raise result
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._health_loop()), loop.create_task(self._events_loop())]
 
@@ -535,3 +1029,18 @@ class WorkerPool:
             with contextlib.suppress(Exception):
                 worker.subscriber.stop()
             worker.subscriber = None
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    """The `error.code` of an OpenAI-shaped error answer (None when it has none)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

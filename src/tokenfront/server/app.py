@@ -23,6 +23,7 @@ from tokenfront.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics, exposi
 from tokenfront.server.middleware import AuthAndMetrics
 from tokenfront.server.models import ModelNames, models_body
 from tokenfront.server.responses import JSONBytesResponse
+from tokenfront.server.shutdown import Drain
 
 __all__ = ["SCHEMA_VERSION", "ServerInfo", "TokenfrontApp", "create_app", "pipeline_info"]
 
@@ -38,6 +39,9 @@ class TokenfrontApp(FastAPI):
     body-limit layers, skipping Starlette's middleware stack and FastAPI's routing layers, which cost more
     than rendering a short chat. Everything else (other routes, 404, 405, OpenAPI, lifespan) takes FastAPI's
     usual path. Both paths answer the same: the same handler, the same errors.
+
+    Every HTTP request goes through the app's `drain` (`server.shutdown`): on shutdown, new requests get 503
+    and those still in flight at the deadline are cut in their API's shape.
     """
 
     lean_front: ASGIApp | None = None
@@ -45,6 +49,7 @@ class TokenfrontApp(FastAPI):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.lean_routes: dict[str, LeanRoute] = {}
+        self.drain = Drain()
 
     def include_router(self, router: APIRouter, *, prefix: str = "", **kwargs: Any) -> None:  # type: ignore[override]
         """FastAPI's `include_router`, noting the router's lean POST routes for the direct path."""
@@ -56,7 +61,13 @@ class TokenfrontApp(FastAPI):
                 self.lean_routes[prefix + route.path] = route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and self.lean_front is not None:
+        if scope["type"] == "http":
+            await self.drain.serve(self._dispatch, scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] == "POST" and self.lean_front is not None:
             route = self.lean_routes.get(scope["path"])
             if route is not None:
                 scope["app"] = self

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import secrets
+import hmac
 import time
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tokenfront.core.errors import TokenfrontError
 from tokenfront.server.errors import error_response
 
 if TYPE_CHECKING:
@@ -23,6 +24,12 @@ class AuthAndMetrics:
     """Refuse requests without the API key (401), and count every answer by route template and status."""
 
     def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, api_key: str | None) -> None:
+        """`api_key` None serves without a key; an empty one is refused (TokenfrontError): an empty
+        `$TOKENFRONT_API_KEY` is a mistake far more often than a wish to accept `Bearer ` alone."""
+        if api_key is not None and not api_key.strip():
+            raise TokenfrontError(
+                "--api-key (or $TOKENFRONT_API_KEY) is empty: give a key, or unset it to serve without one"
+            )
         self.app = app
         self.metrics = metrics
         self._key = api_key.encode() if api_key is not None else None
@@ -60,5 +67,6 @@ class AuthAndMetrics:
         for name, value in scope["headers"]:
             if name == b"authorization":
                 scheme, _, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self._key)
+                # Constant time: how much of a guess matches must not show in the time the answer takes.
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
         return False

@@ -8,14 +8,23 @@ shared copy-on-write until written, so N processes cost far less than N times on
 supervises: it restarts a child that dies (a fork of the loaded parent: ready at once), and on SIGTERM or
 SIGINT passes the signal on, waits for every child's graceful shutdown, and exits 0.
 
-uvicorn re-raises the signal that stopped it once its shutdown is done, which would make a finished,
-graceful shutdown look like a kill (exit -15) to supervisors; SIGTERM then exits with status 0.
+The port is bound before anything is loaded (`bind_socket`, called by the command first): a port already taken
+is a one-line error at once, not after the model has loaded. The bound socket starts listening only when the
+server is ready to answer, so a client (a router's health check) is refused meanwhile rather than left waiting.
+
+Shutdown (SIGTERM or SIGINT): the server stops listening, in-flight requests get `--shutdown-timeout` seconds
+to finish, and those still running then are cut in their API's shape (`server.shutdown.Drain`: a 503 OpenAI
+error, or an error event and `data: [DONE]` on a stream). uvicorn re-raises the signal that stopped it once its
+shutdown is done, which would make a finished, graceful shutdown look like a kill (exit -15) to supervisors;
+SIGTERM then exits with status 0.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import math
 import os
 import shutil
 import signal
@@ -25,11 +34,19 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["GRACEFUL_SHUTDOWN_SECONDS", "MULTIPROC_DIR_ENV", "prepare_workers", "run_server"]
+import uvicorn
+
+from tokenfront.core.errors import TokenfrontError
+
+__all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "MULTIPROC_DIR_ENV", "bind_socket", "prepare_workers", "run_server"]
 
 log = logging.getLogger(__name__)
 
-GRACEFUL_SHUTDOWN_SECONDS = 30
+# After the shutdown timeout has cut the requests still in flight, the seconds uvicorn waits for those cut
+# answers to go out before it cancels whatever is left.
+_CUT_GRACE_SECONDS = 5.0
+# Seconds in-flight requests get to finish after SIGTERM (`--shutdown-timeout`).
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 # Where prometheus-client's multiprocess mode keeps its files (read by server.metrics too).
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # A child that dies this soon after it started, this many times in a row, means it cannot run: give up.
@@ -50,42 +67,106 @@ def prepare_workers(workers: int) -> None:
         )
 
 
-def run_server(
-    app: Any, *, host: str, port: int, log_level: str, access_log: bool = False, workers: int = 1
-) -> None:
-    """Serve `app` until SIGTERM or SIGINT; in-flight requests finish before the process exits."""
-    import uvicorn
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to `host`:`port`, not listening yet (the server listens once it is ready).
 
+    TokenfrontError (one line) when the address cannot be bound: the port is taken, the host is not an address
+    of this machine or cannot be resolved. `reuse_port` (SO_REUSEPORT) lets the pre-fork children bind the same
+    port. Port 0 takes a free port: `sock.getsockname()` tells which.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            reason = "the port is already in use (another server listens on it)"
+        shown = f"[{host}]" if ":" in host else host
+        raise TokenfrontError(f"cannot listen on {shown}:{port}: {reason}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_server(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    log_level: str,
+    access_log: bool = False,
+    workers: int = 1,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve `app` until SIGTERM or SIGINT; in-flight requests get `shutdown_timeout` seconds to finish.
+
+    `sock` is the socket `bind_socket` bound for it (bound here when None; with `workers` > 1 it must have been
+    bound with `reuse_port`).
+    """
+    if sock is None:
+        sock = bind_socket(host, port, reuse_port=workers > 1)
+    port = int(sock.getsockname()[1])  # the real one when port 0 was asked for
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
         access_log=access_log,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        timeout_graceful_shutdown=math.ceil(shutdown_timeout + _CUT_GRACE_SECONDS),
         # "auto" takes uvloop and httptools (dependencies of tokenfront): the C parser, not h11.
         loop="auto",
         http="auto",
     )
     if workers <= 1:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        uvicorn.Server(config).run()
+        try:
+            _Server(config, shutdown_timeout, announce=True).run(sockets=[sock])
+        finally:
+            sock.close()
         return
-    _PreforkServer(config, workers).run()
+    _PreforkServer(config, workers, sock, shutdown_timeout).run()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which starts the app's drain (`server.shutdown`) as its shutdown begins."""
+
+    def __init__(self, config: Any, shutdown_timeout: float, *, announce: bool = False) -> None:
+        super().__init__(config)
+        self.shutdown_timeout = shutdown_timeout
+        self.announce = announce
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.announce:  # uvicorn says nothing of sockets it was given
+            host = self.config.host
+            log.info("serving on http://%s:%d", f"[{host}]" if ":" in host else host, self.config.port)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drain = getattr(self.config.app, "drain", None)  # a TokenfrontApp's (server.app)
+        if drain is not None:
+            drain.begin(self.shutdown_timeout)
+        await super().shutdown(sockets=sockets)
 
 
 class _PreforkServer:
-    """A parent that binds the port, forks `workers` uvicorn children on it, and supervises them."""
+    """A parent that holds the port, forks `workers` uvicorn children on it, and supervises them."""
 
-    def __init__(self, config: Any, workers: int) -> None:
+    def __init__(self, config: Any, workers: int, reserved: socket.socket, shutdown_timeout: float) -> None:
         self.config = config
         self.workers = workers
+        self.reserved = reserved  # bound with SO_REUSEPORT by `bind_socket`, never listening
+        self.shutdown_timeout = shutdown_timeout
         self.children: dict[int, float] = {}  # pid -> start time
         self.stopping = False
         self.quick_crashes = 0
 
     def run(self) -> None:
-        sock = self._bind()
+        sock = self.reserved
         previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             for _ in range(self.workers):
@@ -104,23 +185,12 @@ class _PreforkServer:
     def _address(self) -> tuple[str, int]:
         return str(self.config.host), int(self.config.port)
 
-    def _bind(self, *, listen: bool = False) -> socket.socket:
-        """A socket bound to the port with SO_REUSEPORT. The parent's is bound but never listens: it holds the
-        port (and fails early when it is taken) without being handed any connection."""
-        host, port = self._address()
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            sock.close()
-            from tokenfront.core.errors import TokenfrontError
-
-            raise TokenfrontError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-        if listen:
-            sock.listen(2048)
+    def _bind(self) -> socket.socket:
+        """A child's own socket on the parent's port, with SO_REUSEPORT: the kernel spreads the connections
+        over the children. The parent's is bound but never listens: it holds the port without being handed any
+        connection."""
+        sock = bind_socket(*self._address(), reuse_port=True)
+        sock.listen(self.config.backlog)
         return sock
 
     def _spawn(self, reserved: socket.socket) -> None:
@@ -129,13 +199,11 @@ class _PreforkServer:
             code = 0
             try:
                 reserved.close()
-                sock = self._bind(listen=True)
+                sock = self._bind()
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-                import uvicorn
-
-                uvicorn.Server(self.config).run(sockets=[sock])
+                _Server(self.config, self.shutdown_timeout).run(sockets=[sock])
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 0
             except BaseException:

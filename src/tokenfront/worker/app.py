@@ -82,7 +82,18 @@ def create_worker_app(
         app.include_router(render_router())
         app.include_router(derender_router())
     app.router.lifespan_context = _lifespan(service)
+    # At the shutdown deadline (`--shutdown-timeout`), before the requests still in flight are cut: stop
+    # generating for them, so their choices end with "abort" and the engine is idle for `stop`.
+    app.drain.on_deadline(lambda: _abort_in_flight(engine))
     return app
+
+
+def _abort_in_flight(engine: Engine) -> None:
+    abort_all = getattr(engine, "abort_all", None)
+    if callable(abort_all):
+        count = abort_all()
+        if count:
+            log.warning("shutdown timeout is over: aborted %d engine sequence(s) still generating", count)
 
 
 def _lifespan(service: WorkerService) -> Any:
@@ -96,7 +107,8 @@ def _lifespan(service: WorkerService) -> Any:
         try:
             yield
         finally:
-            # After uvicorn's graceful shutdown: in-flight requests have finished (or their clients left).
+            # After the graceful shutdown: in-flight requests have finished, their clients left, or the
+            # shutdown timeout cut them (their sequences aborted); `stop` aborts whatever is left.
             await service.engine.stop()
             log.info("worker engine stopped")
 

@@ -147,7 +147,7 @@ class TransformersEngine(Engine):
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
-        self.device = torch.device(_resolve_device(device))
+        self.device = torch.device(resolve_device(device))
         self.dtype = dtype or _default_dtype(self.device)
         self.model = _load_model(Path(checkpoint), self.device, self.dtype)
         self.config = self.model.config
@@ -254,6 +254,16 @@ class TransformersEngine(Engine):
                 return
             self._aborts.add(request_id)
         self._submissions.put(None)  # wake an idle loop
+
+    def abort_all(self) -> int:
+        """Abort every waiting or running request at the next step (the shutdown deadline: their streams end
+        with "abort"); returns how many there were."""
+        with self._lock:
+            live = set(self._live)
+            self._aborts |= live
+        if live:
+            self._submissions.put(None)  # wake an idle loop
+        return len(live)
 
     def kv_events(self, after: int, limit: int = 1000) -> dict[str, Any]:
         """The KV event log after `after` (see `worker/kv_events.py` for the events and the reply's fields)."""
@@ -565,9 +575,20 @@ class TransformersEngine(Engine):
 # ---------------------------------------------------------------------- model and cache helpers
 
 
-def _resolve_device(device: str) -> str:
+def resolve_device(device: str) -> str:
+    """The device `--device` names: "auto" is CUDA when present, else CPU.
+
+    ValueError (one line, naming the option) when CUDA is asked for and this torch cannot use it: called before
+    the model loads, so the mistake is found at once rather than when the weights are moved.
+    """
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        if torch.version.cuda is None:
+            why = f"this torch ({torch.__version__}) is built without CUDA"
+        else:
+            why = f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) finds no usable CUDA device"
+        raise ValueError(f"--device {device}: {why}; use --device cpu (or auto)")
     return device
 
 
