@@ -12,10 +12,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tokenfront import __version__
+from tokenfront import __version__, protocol
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.options import add_render_arguments, options_from_args
-from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
+from tokenfront.server.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+    DEFAULT_MAX_TOKENS_PER_REQUEST,
+)
 from tokenfront.server.process import DEFAULT_SHUTDOWN_TIMEOUT
 
 log = logging.getLogger("tokenfront")
@@ -57,6 +61,14 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
         "OpenAI error, or an error event and `data: [DONE]` on a stream "
         f"(default: {DEFAULT_SHUTDOWN_TIMEOUT:g})",
     )
+    group.add_argument(
+        "--max-messages",
+        type=_positive_int,
+        default=protocol.MAX_MESSAGES,
+        metavar="N",
+        help="messages (or Responses input items) in one request; more is a 400 before any rendering "
+        f"(default: {protocol.MAX_MESSAGES})",
+    )
     group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     group.add_argument(
         "--access-log",
@@ -75,6 +87,7 @@ def _run_render(args: argparse.Namespace) -> int:
     hide_torch()  # the renderer never runs a model: keep torch out even where it is installed
     _quiet_torch_absence()
     _check_render_options(args)
+    _apply_limits(args)
     # Before loading anything: a port already taken fails now.
     sock = bind_socket(args.host, args.port, reuse_port=args.workers > 1)
     from tokenfront.core.render import RenderPipeline
@@ -132,6 +145,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     _check_render_options(args)
     _check_model_folder(args.model)
+    _apply_limits(args)
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     # The worker runs the model: torch is imported here on purpose (no torch guard, unlike `render`).
     from tokenfront.core.render import RenderPipeline
@@ -187,6 +201,7 @@ def _run_route(args: argparse.Namespace) -> int:
     from tokenfront.server.process import bind_socket, run_server
 
     _check_render_options(args)
+    _apply_limits(args)
     _check_workers(args.worker)
     _check_api_key(args.worker_api_key, "--worker-api-key", "TOKENFRONT_WORKER_API_KEY")
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
@@ -246,6 +261,17 @@ def _run_route(args: argparse.Namespace) -> int:
             sock=sock,
         )
     return 0
+
+
+def _apply_limits(args: argparse.Namespace) -> None:
+    """Set the request limits the flags give, once, before the app is built (and before `--workers N` forks,
+    so every process has them): they are read where requests are validated."""
+    protocol.MAX_MESSAGES = args.max_messages
+    if hasattr(args, "max_sequences_per_request"):  # the worker's
+        from tokenfront.worker import sampling
+
+        sampling.MAX_SEQUENCES_PER_REQUEST = args.max_sequences_per_request
+        sampling.MAX_TOKENS_PER_REQUEST = args.max_tokens_per_request
 
 
 def _check_render_options(args: argparse.Namespace) -> None:
@@ -464,6 +490,22 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=8,
         help="sequences decoded together at most (default: 8)",
+    )
+    group.add_argument(
+        "--max-sequences-per-request",
+        type=_positive_int,
+        default=DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+        metavar="N",
+        help="sequences (prompts x n) one request may ask for; more is a 400 before anything is generated "
+        f"(default: {DEFAULT_MAX_SEQUENCES_PER_REQUEST})",
+    )
+    group.add_argument(
+        "--max-tokens-per-request",
+        type=_positive_int,
+        default=DEFAULT_MAX_TOKENS_PER_REQUEST,
+        metavar="N",
+        help="tokens one request may hold in the engine: n x (prompt + max_tokens), summed over its prompts "
+        f"(default: {DEFAULT_MAX_TOKENS_PER_REQUEST})",
     )
     group.add_argument(
         "--device",

@@ -8,6 +8,7 @@ from typing import Any
 from tokenfront.core.checkpoint import Checkpoint
 from tokenfront.protocol import MIN_TOP_P
 from tokenfront.server.errors import APIError
+from tokenfront.server.limits import DEFAULT_MAX_SEQUENCES_PER_REQUEST, DEFAULT_MAX_TOKENS_PER_REQUEST
 from tokenfront.worker.engine import SamplingParams
 
 __all__ = [
@@ -19,11 +20,10 @@ __all__ = [
     "context_length",
 ]
 
-# What one request may ask the engine for (module constants: a server may set them at start-up). Sequences:
-# prompts x n (n alone is at most 128). Tokens: over all its sequences, prompt ids plus the generation budget
-# (max_tokens, else the context's room): 128 sequences of a 128k context fit.
-MAX_SEQUENCES_PER_REQUEST = 1024
-MAX_TOKENS_PER_REQUEST = 1 << 24
+# What one request may ask the engine for (server.limits says why; `tokenfront serve` sets them from its flags
+# at start-up).
+MAX_SEQUENCES_PER_REQUEST = DEFAULT_MAX_SEQUENCES_PER_REQUEST
+MAX_TOKENS_PER_REQUEST = DEFAULT_MAX_TOKENS_PER_REQUEST
 
 
 def check_request_size(prompts: int, n: int, *, param: str = "n") -> None:
