@@ -195,9 +195,26 @@ def _chunk_usage(output: GenerateOutput, prompt_tokens: int | None) -> dict[str,
     # A chunk carries usage when the generate chunk does; the prompt count is the render step's.
     if output.usage is None:
         return None
-    completion = int(output.usage.get("completion_tokens") or 0)
-    prompt = prompt_tokens if prompt_tokens is not None else int(output.usage.get("prompt_tokens") or 0)
+    completion = _usage_count(output.usage, "completion_tokens")
+    prompt = prompt_tokens if prompt_tokens is not None else _usage_count(output.usage, "prompt_tokens")
     return vllm_usage(prompt, completion)
+
+
+def _usage_count(usage: dict[str, Any], key: str) -> int:
+    """A token count of a chunk's `usage` (vLLM's `UsageInfo`: an integer, absent or null meaning 0); anything
+    else is the client's mistake, a 400."""
+    value = usage.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if type(value) is not int or value < 0:
+        raise APIError(
+            400,
+            f"generate_chunk.usage.{key} must be a non-negative integer (got {value!r})",
+            param=f"generate_chunk.usage.{key}",
+        )
+    return value
 
 
 def _message(delta: OutputDelta, request: ChatCompletionRequest | None) -> dict[str, Any]:
@@ -346,6 +363,7 @@ def _stream_step(
         if not isinstance(carried, dict) or not isinstance(sent, bool):
             raise OutputStateError("stream_state must be the stream_state of the previous derender answer")
         role_sent = sent
+        _check_carried_ids(reader, carried)
         parser = ChoiceParser.resume(config, tokenizer, carried)
     choice = chunk.choices[0] if chunk.choices else None
     delta = OutputDelta()
@@ -357,6 +375,18 @@ def _stream_step(
             delta.extend(parser.finish(choice.finish_reason))
     new_state = {"output": parser.state(), "role_sent": role_sent or choice is not None}
     return choice, delta, role_sent, new_state
+
+
+def _check_carried_ids(reader: _Reader, carried: dict[str, Any]) -> None:
+    """The ids a carried state's detokenizer holds come back from the client: ids outside the vocabulary would
+    reach the tokenizer's decode (an OverflowError for a negative one), so they are a 400 like any other."""
+    detokenizer = carried.get("detokenizer")
+    window = detokenizer.get("window") if isinstance(detokenizer, dict) else None
+    vocab_size = reader.pipeline.vocab_size
+    if isinstance(window, list) and any(type(i) is int and not 0 <= i < vocab_size for i in window):
+        raise OutputStateError(
+            "stream_state holds token ids outside this model's vocabulary (was it made for another model?)"
+        )
 
 
 def _stream_chat(reader: _Reader, body: ChatDerenderRequest) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from tokenfront.core.errors import RenderError
 from tokenfront.core.requests import chat_request_from, tools_from
-from tokenfront.protocol import ChatCompletionRequest, ResponsesRequest
+from tokenfront.protocol import ChatCompletionRequest, ResponsesRequest, Tool
 
 __all__ = ["CUSTOM_TOOL_PARAMETERS", "NAMESPACE_SEPARATOR", "to_chat_request"]
 
@@ -59,7 +59,10 @@ def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
         )
     if request.prompt is not None:
         raise RenderError("prompt templates are not supported: send `input`", param="prompt")
-    tools = _function_tools(request.tools)
+    shown = _function_tools(request.tools)
+    # Validated before tool_choice is checked against their names: a function tool's name may be anything a
+    # client sent (vLLM's request model refuses a tool that is not a valid function tool first, too).
+    tools = tools_from(shown, param="tools")
     _check_tool_choice(request.tool_choice, request.tools, tools)
     messages = _messages(request)
     if not messages:
@@ -83,7 +86,7 @@ def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
     chat = chat_request_from(body, source="Responses")
     if not request.tools:
         return chat
-    return chat.model_copy(update={"tools": tools_from(tools, param="tools")})
+    return chat.model_copy(update={"tools": tools})
 
 
 # -- input ---------------------------------------------------------------------------------------------------
@@ -251,9 +254,7 @@ def _as_chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": {key: tool.get(key) for key in fields}}
 
 
-def _check_tool_choice(
-    choice: str | dict[str, Any], tools: list[dict[str, Any]], shown: list[dict[str, Any]]
-) -> None:
+def _check_tool_choice(choice: str | dict[str, Any], tools: list[dict[str, Any]], shown: list[Tool]) -> None:
     # vLLM's ResponsesRequest.check_tool_usage.
     named = isinstance(choice, dict) and choice.get("type") in ("function", "custom")
     if not tools:
@@ -265,7 +266,7 @@ def _check_tool_choice(
     if named:
         assert isinstance(choice, dict)
         name = choice.get("name")
-        names = [tool["function"]["name"] for tool in shown]
+        names = [tool.function.name for tool in shown]
         local = [n for n in names if n.rpartition(NAMESPACE_SEPARATOR)[2] == name]
         if name not in names and len(local) != 1:
             raise RenderError(
