@@ -15,8 +15,13 @@ original body, unchanged" (key order, number spelling and all).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import secrets
-from typing import Any
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
@@ -174,6 +179,38 @@ def tokenize_response(
     ).model_dump()
 
 
+_T = TypeVar("_T")
+
+# Rendering runs a chat template (the client's own, with --allow-request-chat-template: up to the template time
+# limit, core/template_limits.py) and the tokenizer: CPU work that must not hold the event loop for long, or
+# /health and every other request would wait for it. The pipeline serves one render at a time (`_RENDER_LOCK`).
+# A small request with the checkpoint's template renders in well under a millisecond: it runs right here when
+# the pipeline is free, saving the hop to a thread (tens of microseconds, more than many renders take).
+# Everything else — a client's template, a large body, or any render while another is running — goes to the
+# render thread, one per process, and is awaited.
+_RENDER_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenfront-render")
+_RENDER_LOCK = threading.Lock()
+# Bodies up to this size with no request template render on the event loop when the pipeline is free.
+INLINE_BODY_BYTES = 64 * 1024
+
+
+def _locked(function: Callable[[], _T]) -> _T:
+    with _RENDER_LOCK:
+        return function()
+
+
+async def _render(raw: Request, request: Any, function: Callable[..., _T], *args: Any) -> _T:
+    """`function(*args)`: inline when it is small and the pipeline is free, else on the render thread."""
+    call = functools.partial(function, *args)
+    small = len(raw_body(raw)) <= INLINE_BODY_BYTES and getattr(request, "chat_template", None) is None
+    if small and _RENDER_LOCK.acquire(blocking=False):
+        try:
+            return call()
+        finally:
+            _RENDER_LOCK.release()
+    return await asyncio.get_running_loop().run_in_executor(_RENDER_THREAD, _locked, call)
+
+
 def _responses_request_id(request: ResponsesRequest) -> str:
     # vLLM's ResponsesRequest.request_id: the client's, else "resp_" and 32 hex digits.
     return request.request_id or f"resp_{secrets.token_hex(16)}"
@@ -214,14 +251,18 @@ def render_router() -> APIRouter:
     @router.post("/v1/chat/completions/render", summary="Render a chat request into prompt token ids")
     async def render_chat(request: ChatCompletionRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
-        content, rendered = render_chat_response(pipeline, request, json_body(raw), raw_body(raw))
+        content, rendered = await _render(
+            raw, request, render_chat_response, pipeline, request, json_body(raw), raw_body(raw)
+        )
         _metrics(raw).count_rendered("chat", 1, len(rendered.token_ids))
         return JSONBytesResponse(content)
 
     @router.post("/v1/completions/render", summary="Render a completions request into prompt token ids")
     async def render_completion(request: CompletionRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
-        content, items = render_completion_response(pipeline, request, json_body(raw), raw_body(raw))
+        content, items = await _render(
+            raw, request, render_completion_response, pipeline, request, json_body(raw), raw_body(raw)
+        )
         _metrics(raw).count_rendered("completion", len(items), sum(len(item.token_ids) for item in items))
         return JSONBytesResponse(content)
 
@@ -232,15 +273,20 @@ def render_router() -> APIRouter:
     async def render_messages(request: AnthropicMessagesRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
         check_model(request.model, pipeline.served_model_names)
-        chat = anthropic.to_chat_request(request, _facts(raw.app).anthropic_traits)
-        content, rendered = render_converted_response(
-            pipeline,
-            chat,
-            kind="messages",
-            request_id=chat_request_id(),
-            body=json_body(raw),
-            raw=raw_body(raw),
-        )
+        facts = _facts(raw.app)
+
+        def render() -> tuple[bytes, RenderedPrompt]:
+            chat = anthropic.to_chat_request(request, facts.anthropic_traits)  # traits: found by rendering
+            return render_converted_response(
+                pipeline,
+                chat,
+                kind="messages",
+                request_id=chat_request_id(),
+                body=json_body(raw),
+                raw=raw_body(raw),
+            )
+
+        content, rendered = await _render(raw, request, render)
         _metrics(raw).count_rendered("messages", 1, len(rendered.token_ids))
         return JSONBytesResponse(content)
 
@@ -252,13 +298,18 @@ def render_router() -> APIRouter:
         pipeline: RenderPipeline = raw.app.state.pipeline
         check_model(request.model, pipeline.served_model_names)
         chat = responses.to_chat_request(request)
-        content, rendered = render_converted_response(
-            pipeline,
-            chat,
-            kind="responses",
-            request_id=_responses_request_id(request),
-            body=json_body(raw),
-            raw=raw_body(raw),
+        content, rendered = await _render(
+            raw,
+            request,
+            functools.partial(
+                render_converted_response,
+                pipeline,
+                chat,
+                kind="responses",
+                request_id=_responses_request_id(request),
+                body=json_body(raw),
+                raw=raw_body(raw),
+            ),
         )
         _metrics(raw).count_rendered("responses", 1, len(rendered.token_ids))
         return JSONBytesResponse(content)
@@ -266,7 +317,9 @@ def render_router() -> APIRouter:
     @router.post("/tokenize", summary="Token ids of a text prompt or a chat (vLLM's /tokenize)")
     async def tokenize(request: TokenizeRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
-        answer = tokenize_response(pipeline, request, _facts(raw.app).max_model_len)
+        answer = await _render(
+            raw, request, tokenize_response, pipeline, request, _facts(raw.app).max_model_len
+        )
         _metrics(raw).count_rendered("tokenize", 1, answer["count"])
         return JSONBytesResponse(answer)
 
