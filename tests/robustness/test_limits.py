@@ -69,3 +69,19 @@ def test_limits_are_flags(servers: Any) -> None:
     _refused(_post(worker.url, "/v1/completions", {"prompt": "a", "max_tokens": 1000}), "1000")
     for server in (renderer, worker):
         assert httpx.get(f"{server.url}/health", timeout=10.0).status_code == 200
+
+
+def test_logs_carry_no_prompt_text(servers: Any) -> None:
+    """Prompts are the users' data: neither a served request nor a refused one puts its text in the log."""
+    renderer, worker = servers
+    marker = "zebra-quartz-1729-secret"
+    turn = {"role": "user", "content": f"Tell me about {marker}."}
+    assert _post(renderer.url, "/v1/chat/completions/render", {"messages": [turn]}).status_code == 200
+    _refused(_post(renderer.url, "/v1/chat/completions/render", {"messages": [turn] * 4}), "4 messages")
+    chat = {"messages": [turn], "max_tokens": 2, "temperature": 0}
+    assert _post(worker.url, "/v1/chat/completions", chat).status_code == 200
+    _refused(_post(worker.url, "/v1/completions", {"prompt": marker, "max_tokens": 1000}), "1000")
+    for server in (renderer, worker):
+        log = server.log()
+        assert len(log) > 100  # the start-up lines are there: the log was read
+        assert marker not in log
