@@ -9,7 +9,7 @@ VLLM_PEER ?= $(HOME)/.cache/tokenfront-peers/vllm
 RENDER_PORT ?= 8100
 
 .PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-http bench-router \
-	bench-prefill bench-routing peer-vllm compare-vllm compare-vllm-protocol clean
+	bench-prefill bench-routing bench-robustness peer-vllm compare-vllm compare-vllm-protocol clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -92,6 +92,11 @@ bench-prefill: install-test
 
 bench-routing: install-test
 	$(BIN)/python -m benchmarks.routing
+
+# Load and faults: the renderer under 256 connections, a router fleet losing a worker, a router restart.
+bench-robustness: install-test
+	$(BIN)/tokenfront fixtures --only qwen3 tiny-random
+	$(BIN)/python -m benchmarks.robustness
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -15,13 +15,9 @@ original body, unchanged" (key order, number spelling and all).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import secrets
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
@@ -42,6 +38,7 @@ from tokenfront.protocol import (
 from tokenfront.server.lean_routes import LeanRoute, json_body, raw_body
 from tokenfront.server.metrics import ServerMetrics
 from tokenfront.server.models import check_model
+from tokenfront.server.render_thread import render_off_loop
 from tokenfront.server.request_ids import chat_request_id, completion_request_id
 from tokenfront.server.responses import JSONBytesResponse, dumps
 
@@ -179,38 +176,6 @@ def tokenize_response(
     ).model_dump()
 
 
-_T = TypeVar("_T")
-
-# Rendering runs a chat template (the client's own, with --allow-request-chat-template: up to the template time
-# limit, core/template_limits.py) and the tokenizer: CPU work that must not hold the event loop for long, or
-# /health and every other request would wait for it. The pipeline serves one render at a time (`_RENDER_LOCK`).
-# A small request with the checkpoint's template renders in well under a millisecond: it runs right here when
-# the pipeline is free, saving the hop to a thread (tens of microseconds, more than many renders take).
-# Everything else — a client's template, a large body, or any render while another is running — goes to the
-# render thread, one per process, and is awaited.
-_RENDER_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenfront-render")
-_RENDER_LOCK = threading.Lock()
-# Bodies up to this size with no request template render on the event loop when the pipeline is free.
-INLINE_BODY_BYTES = 64 * 1024
-
-
-def _locked(function: Callable[[], _T]) -> _T:
-    with _RENDER_LOCK:
-        return function()
-
-
-async def _render(raw: Request, request: Any, function: Callable[..., _T], *args: Any) -> _T:
-    """`function(*args)`: inline when it is small and the pipeline is free, else on the render thread."""
-    call = functools.partial(function, *args)
-    small = len(raw_body(raw)) <= INLINE_BODY_BYTES and getattr(request, "chat_template", None) is None
-    if small and _RENDER_LOCK.acquire(blocking=False):
-        try:
-            return call()
-        finally:
-            _RENDER_LOCK.release()
-    return await asyncio.get_running_loop().run_in_executor(_RENDER_THREAD, _locked, call)
-
-
 def _responses_request_id(request: ResponsesRequest) -> str:
     # vLLM's ResponsesRequest.request_id: the client's, else "resp_" and 32 hex digits.
     return request.request_id or f"resp_{secrets.token_hex(16)}"
@@ -251,7 +216,7 @@ def render_router() -> APIRouter:
     @router.post("/v1/chat/completions/render", summary="Render a chat request into prompt token ids")
     async def render_chat(request: ChatCompletionRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
-        content, rendered = await _render(
+        content, rendered = await render_off_loop(
             raw, request, render_chat_response, pipeline, request, json_body(raw), raw_body(raw)
         )
         _metrics(raw).count_rendered("chat", 1, len(rendered.token_ids))
@@ -260,7 +225,7 @@ def render_router() -> APIRouter:
     @router.post("/v1/completions/render", summary="Render a completions request into prompt token ids")
     async def render_completion(request: CompletionRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
-        content, items = await _render(
+        content, items = await render_off_loop(
             raw, request, render_completion_response, pipeline, request, json_body(raw), raw_body(raw)
         )
         _metrics(raw).count_rendered("completion", len(items), sum(len(item.token_ids) for item in items))
@@ -286,7 +251,7 @@ def render_router() -> APIRouter:
                 raw=raw_body(raw),
             )
 
-        content, rendered = await _render(raw, request, render)
+        content, rendered = await render_off_loop(raw, request, render)
         _metrics(raw).count_rendered("messages", 1, len(rendered.token_ids))
         return JSONBytesResponse(content)
 
@@ -298,7 +263,7 @@ def render_router() -> APIRouter:
         pipeline: RenderPipeline = raw.app.state.pipeline
         check_model(request.model, pipeline.served_model_names)
         chat = responses.to_chat_request(request)
-        content, rendered = await _render(
+        content, rendered = await render_off_loop(
             raw,
             request,
             functools.partial(
@@ -317,7 +282,7 @@ def render_router() -> APIRouter:
     @router.post("/tokenize", summary="Token ids of a text prompt or a chat (vLLM's /tokenize)")
     async def tokenize(request: TokenizeRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
-        answer = await _render(
+        answer = await render_off_loop(
             raw, request, tokenize_response, pipeline, request, _facts(raw.app).max_model_len
         )
         _metrics(raw).count_rendered("tokenize", 1, answer["count"])

@@ -33,6 +33,7 @@ from tokenfront.router.workers import (
 )
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute, raw_body
+from tokenfront.server.render_thread import render_off_loop
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +45,13 @@ def inference_router() -> APIRouter:
     @router.post("/v1/chat/completions", summary="Chat completion, routed to a worker")
     async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
         proxy: Proxy = raw.app.state.proxy
-        plan = proxy.plan_chat(request, raw_body(raw))
+        plan = await render_off_loop(raw, request, proxy.plan_chat, request, raw_body(raw))
         return await proxy.send_watching(plan, raw)
 
     @router.post("/v1/completions", summary="Text completion, routed to a worker")
     async def completions(request: CompletionRequest, raw: Request) -> Response:
         proxy: Proxy = raw.app.state.proxy
-        plan = proxy.plan_completion(request, raw_body(raw))
+        plan = await render_off_loop(raw, request, proxy.plan_completion, request, raw_body(raw))
         return await proxy.send_watching(plan, raw)
 
     return router

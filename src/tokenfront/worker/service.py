@@ -42,6 +42,7 @@ from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.server.disconnect import ClientDisconnected, client_disconnected_response
 from tokenfront.server.errors import APIError, error_body
 from tokenfront.server.models import check_model
+from tokenfront.server.render_thread import render_off_loop
 from tokenfront.server.request_ids import chat_request_id, completion_request_id
 from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.server.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
@@ -122,7 +123,8 @@ class WorkerService:
         """POST /v1/chat/completions."""
         check_model(request.model, self.pipeline.served_model_names)
         forced = self.prompts.forced_tool(request)
-        prompt = self.prompts.chat(request, forced_tool=forced)
+        # Rendering may be long (a client's template, a large conversation): off the event loop then.
+        prompt = await render_off_loop(raw, request, lambda: self.prompts.chat(request, forced_tool=forced))
         logprobs = _chat_logprobs_count(request)
         max_tokens = request.max_completion_tokens or request.max_tokens
         params = self.sampling.params(request, len(prompt.token_ids), max_tokens, logprobs)
@@ -176,7 +178,7 @@ class WorkerService:
             )
         n = request.n or 1
         check_request_size(_prompt_count(request.prompt), n)  # before any prompt is read
-        prompts = self.prompts.completion(request)
+        prompts = await render_off_loop(raw, request, self.prompts.completion, request)
         request_id = completion_request_id()
         output = OutputConfig.for_completion(stop=request.stop, hidden_ids=self.sampling.eos_ids)
         all_params = [
