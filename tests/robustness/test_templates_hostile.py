@@ -35,6 +35,7 @@ _ROOT_CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
 CHAT_RENDER = "/v1/chat/completions/render"
 HI = [{"role": "user", "content": "hi"}]
 MAX_RSS_BYTES = 2 * 1024**3
+MAX_RSS_GROWTH_BYTES = 512 * 1024**2
 
 VALUE = "value size limit"
 WORK = "render work limit"
@@ -215,6 +216,9 @@ def client(server: Any) -> Iterator[httpx.Client]:
 
 @pytest.mark.parametrize("hostile", HOSTILE, ids=str)
 def test_hostile_template_is_a_400_naming_its_limit(pipeline: RenderPipeline, hostile: Hostile) -> None:
+    # This process holds whatever the test session loaded before (several GB in a full run): its growth is
+    # what this render left behind. The server test below checks a real renderer's peak (VmHWM).
+    before, _ = _rss()
     start = time.perf_counter()
     with pytest.raises(RenderError) as caught:
         _render(pipeline, hostile.source)
@@ -223,10 +227,11 @@ def test_hostile_template_is_a_400_naming_its_limit(pipeline: RenderPipeline, ho
     assert error.status_code == 400
     assert hostile.limit in error.message, error.message
     rss, _ = _rss()
+    growth = rss - before
     print(
-        f"\n[pipeline] {hostile.name}: 400 in {elapsed:.2f} s, RSS {rss / 2**20:.0f} MB: {error.message[:120]}"
+        f"\n[pipeline] {hostile.name}: 400 in {elapsed:.2f} s, RSS +{growth / 2**20:.0f} MB: {error.message[:120]}"
     )
-    assert rss < MAX_RSS_BYTES
+    assert growth < MAX_RSS_GROWTH_BYTES
 
 
 def test_a_failed_compile_is_remembered(pipeline: RenderPipeline) -> None:
