@@ -92,7 +92,6 @@ def _run_render(args: argparse.Namespace) -> int:
     sock = bind_socket(args.host, args.port, reuse_port=args.workers > 1)
     from tokenfront.core.render import RenderPipeline
     from tokenfront.renderer.app import create_renderer_app
-    from tokenfront.server.process import run_server
 
     # Healthy before the fast tokenizer backend is built: the transformers tokenizer encodes meanwhile.
     pipeline = RenderPipeline.load(options_from_args(args), build_backend_in_background=True)
@@ -108,17 +107,24 @@ def _run_render(args: argparse.Namespace) -> int:
     )
     app = create_renderer_app(pipeline, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
     with _finishing_background_work(pipeline):
-        run_server(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            access_log=args.access_log,
-            workers=args.workers,
-            shutdown_timeout=args.shutdown_timeout,
-            sock=sock,
-        )
+        _serve(app, args, sock, args.port, workers=args.workers)
     return 0
+
+
+def _serve(app: Any, args: argparse.Namespace, sock: Any, port: int, *, workers: int = 1) -> None:
+    """Run `app` on the socket bound at start-up, with the server flags every command shares."""
+    from tokenfront.server.process import run_server
+
+    run_server(
+        app,
+        host=args.host,
+        port=port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        workers=workers,
+        shutdown_timeout=args.shutdown_timeout,
+        sock=sock,
+    )
 
 
 def _quiet_torch_absence() -> None:
@@ -141,7 +147,7 @@ def _finishing_background_work(pipeline: Any) -> Iterator[None]:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from tokenfront.server.process import bind_socket, run_server
+    from tokenfront.server.process import bind_socket
 
     _check_render_options(args)
     _check_model_folder(args.model)
@@ -181,15 +187,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         engine.info.tokens_per_block,
     )
     app = create_worker_app(pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
-    run_server(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=args.access_log,
-        shutdown_timeout=args.shutdown_timeout,
-        sock=sock,
-    )
+    _serve(app, args, sock, args.port)
     return 0
 
 
@@ -198,7 +196,7 @@ def _run_route(args: argparse.Namespace) -> int:
 
     hide_torch()  # the router renders like the renderer: keep torch out even where it is installed
     _quiet_torch_absence()
-    from tokenfront.server.process import bind_socket, run_server
+    from tokenfront.server.process import bind_socket
 
     _check_render_options(args)
     _apply_limits(args)
@@ -251,15 +249,7 @@ def _run_route(args: argparse.Namespace) -> int:
         )
     app = create_router_app(pipeline, settings, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
     with _finishing_background_work(pipeline):
-        run_server(
-            app,
-            host=args.host,
-            port=port,
-            log_level=args.log_level,
-            access_log=args.access_log,
-            shutdown_timeout=args.shutdown_timeout,
-            sock=sock,
-        )
+        _serve(app, args, sock, port)
     return 0
 
 

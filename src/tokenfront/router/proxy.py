@@ -31,6 +31,7 @@ worker would echo decoded ids, not the client's text).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
@@ -213,18 +214,8 @@ class Proxy:
         if reason is not None:
             return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, reason, request.model)
         body = _with_field(raw_body, "prompt_token_ids", rendered.token_ids)
-        call = self._generate(lambda pipeline: chat_call(pipeline, request, rendered))
-        return Plan(
-            "chat",
-            CHAT_PATH,
-            body,
-            target,
-            True,
-            stream,
-            raw_body=raw_body,
-            generate=call,
-            model=request.model,
-        )
+        build = functools.partial(chat_call, request=request, rendered=rendered)
+        return self._forwarded("chat", CHAT_PATH, body, raw_body, target, stream, request.model, build)
 
     def plan_completion(self, request: CompletionRequest, raw_body: bytes) -> Plan:
         """Render a completions request (every prompt) and decide what goes to the worker."""
@@ -255,24 +246,28 @@ class Proxy:
             )
         prompt = items[0].token_ids if len(items) == 1 else [item.token_ids for item in items]
         body = _with_field(raw_body, "prompt", prompt)
-        call = self._generate(lambda pipeline: completion_call(pipeline, request, items))
-        return Plan(
-            "completion",
-            COMPLETIONS_PATH,
-            body,
-            target,
-            True,
-            stream,
-            raw_body=raw_body,
-            generate=call,
-            model=request.model,
+        build = functools.partial(completion_call, request=request, items=items)
+        return self._forwarded(
+            "completion", COMPLETIONS_PATH, body, raw_body, target, stream, request.model, build
         )
 
-    def _generate(self, build: Callable[[RenderPipeline], GenerateCall | None]) -> GenerateCall | None:
-        """The generate call of a forwarded request, built only when a worker speaks that protocol."""
-        if self.pipeline is None or all(w.protocol != "generate" for w in self.pool.workers.values()):
-            return None
-        return build(self.pipeline)
+    def _forwarded(
+        self,
+        route: str,
+        path: str,
+        body: bytes,
+        raw_body: bytes,
+        target: RouteRequest,
+        stream: bool,
+        model: str | None,
+        build: Callable[[RenderPipeline], GenerateCall | None],
+    ) -> Plan:
+        """A plan carrying the router's ids; its generate call is built only when a worker speaks that
+        protocol."""
+        call = None
+        if self.pipeline is not None and any(w.protocol == "generate" for w in self.pool.workers.values()):
+            call = build(self.pipeline)
+        return Plan(route, path, body, target, True, stream, raw_body=raw_body, generate=call, model=model)
 
     def _render_chat(self, request: ChatCompletionRequest) -> RenderedPrompt | None:
         if self.pipeline is None:
