@@ -90,6 +90,13 @@ def start_server(
     raise RuntimeError(f"server did not become healthy in {timeout} s:\n{server.log()}")
 
 
+@pytest.fixture(scope="session")
+def launch() -> Callable[..., ServerProcess]:
+    """`start_server`, as a fixture: a test module in any folder gets this launcher without importing a
+    `conftest` module by name (a bare `from conftest import` finds whichever conftest pytest loaded last)."""
+    return start_server
+
+
 @pytest.fixture
 def server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     """Start tokenfront servers for one test; every one is stopped afterwards."""

@@ -14,10 +14,9 @@ would find whichever conftest pytest loaded last).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,8 +31,6 @@ from tokenfront.worker.sampling import (
     check_request_size,
     check_request_tokens,
 )
-
-_ROOT_CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
 
 SURROGATE = "@@lone-surrogate@@"  # written into the body as the JSON escape \ud800
 HI = [{"role": "user", "content": "hi"}]
@@ -414,18 +411,10 @@ CASES = [
 ]
 
 
-def _root_conftest(config: pytest.Config) -> Any:
-    module = config.pluginmanager.get_plugin(str(_ROOT_CONFTEST))
-    assert module is not None, f"{_ROOT_CONFTEST} is not loaded"
-    return module
-
-
 @pytest.fixture(scope="module")
-def servers(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
+def servers(launch: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The five servers, started side by side (the router once its worker answers)."""
-    start_server = _root_conftest(request.config).start_server
+    start_server = launch
     log_dir = tmp_path_factory.mktemp("client-input")
     model = {
         name: str(fixtures.ensure_checkpoint(name))

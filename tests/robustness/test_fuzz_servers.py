@@ -49,9 +49,8 @@ import copy
 import json
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -65,7 +64,6 @@ from tokenfront import fixtures
 
 pytestmark = pytest.mark.slow  # real server processes
 
-_ROOT_CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
 
 _LONG_RUN = int(os.environ.get("TOKENFRONT_FUZZ_EXAMPLES", "0") or 0)
 RENDERER_EXAMPLES = _LONG_RUN or 25
@@ -86,18 +84,10 @@ CASES: dict[str, Counter[str]] = {"renderer": Counter(), "worker": Counter(), "r
 STATUSES: dict[str, dict[str, Counter[int]]] = {server: defaultdict(Counter) for server in CASES}
 
 
-def _root_conftest(config: pytest.Config) -> Any:
-    module = config.pluginmanager.get_plugin(str(_ROOT_CONFTEST))
-    assert module is not None, f"{_ROOT_CONFTEST} is not loaded"
-    return module
-
-
 @pytest.fixture(scope="module")
-def fleet(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
+def fleet(launch: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The renderer and the worker, started side by side, then the router in front of the worker."""
-    start_server = _root_conftest(request.config).start_server
+    start_server = launch
     log_dir = tmp_path_factory.mktemp("fuzz-servers")
     qwen3 = str(fixtures.ensure_checkpoint("qwen3"))
     tiny = str(fixtures.ensure_checkpoint("tiny-random"))

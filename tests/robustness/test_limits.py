@@ -5,8 +5,7 @@ each is served, one just over is a 400 naming the limit, and the server keeps an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -14,18 +13,14 @@ import pytest
 
 from tokenfront import fixtures
 
-_ROOT_CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
-
 
 @pytest.fixture(scope="module")
-def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    root = request.config.pluginmanager.get_plugin(str(_ROOT_CONFTEST))
-    assert root is not None, f"{_ROOT_CONFTEST} is not loaded"
+def servers(launch: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     log_dir = tmp_path_factory.mktemp("limits")
     qwen3 = str(fixtures.ensure_checkpoint("qwen3"))
     tiny = str(fixtures.ensure_checkpoint("tiny-random"))
-    renderer = root.start_server(["render", "--model", qwen3, "--max-messages", "3"], log_dir=log_dir)
-    worker = root.start_server(
+    renderer = launch(["render", "--model", qwen3, "--max-messages", "3"], log_dir=log_dir)
+    worker = launch(
         [
             "serve",
             "--model",

@@ -22,7 +22,6 @@ import pytest
 
 from tokenfront.server.shutdown import SHUTTING_DOWN_CODE, Drain
 
-_ROOT_CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
 MODEL = "tiny-random"
 LONG = 2000  # tokens: minutes on this machine, so still generating when the shutdown timeout is over
 SHORT = 64  # tokens: seconds, well within a generous shutdown timeout
@@ -36,14 +35,12 @@ def tiny_random() -> Path:
 
 
 @pytest.fixture
-def servers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+def servers(launch: Callable[..., Any], tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Start `tokenfront ARGS...` with the root conftest's launcher; whatever still runs is stopped after."""
-    module = request.config.pluginmanager.get_plugin(str(_ROOT_CONFTEST))
-    assert module is not None
     started: list[Any] = []
 
     def start(*args: str) -> Any:
-        server = module.start_server(list(args), log_dir=tmp_path, timeout=240.0)
+        server = launch(list(args), log_dir=tmp_path, timeout=240.0)
         started.append(server)
         return server
 

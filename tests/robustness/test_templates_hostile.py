@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,6 @@ from tokenfront.core import template_limits, templates
 from tokenfront.core.errors import RenderError
 from tokenfront.protocol import ChatCompletionRequest
 
-_ROOT_CONFTEST = Path(__file__).resolve().parent.parent / "conftest.py"
 CHAT_RENDER = "/v1/chat/completions/render"
 HI = [{"role": "user", "content": "hi"}]
 MAX_RSS_BYTES = 2 * 1024**3
@@ -193,11 +192,9 @@ def pipeline(qwen3: Path) -> RenderPipeline:
 
 @pytest.fixture(scope="module")
 def server(
-    request: pytest.FixtureRequest, qwen3: Path, tmp_path_factory: pytest.TempPathFactory
+    launch: Callable[..., Any], qwen3: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
-    root = request.config.pluginmanager.get_plugin(str(_ROOT_CONFTEST))
-    assert root is not None, f"{_ROOT_CONFTEST} is not loaded"
-    server = root.start_server(
+    server = launch(
         ["render", "--model", str(qwen3), "--allow-request-chat-template"],
         log_dir=tmp_path_factory.mktemp("hostile-templates"),
     )
