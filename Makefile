@@ -21,6 +21,8 @@ install: $(BIN)/python
 install-test: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,worker]'
 	@command -v jq >/dev/null || (apt-get update -qq && apt-get install -y -qq jq) || echo "jq not installed: the shell recipe test will be skipped"
+	@(test -x /usr/bin/chromium && test -x /usr/bin/chromedriver) || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) \
+		|| echo "chromium not installed: the inspector's browser test will be skipped"
 
 fixtures: install
 	$(BIN)/tokenfront fixtures

@@ -1,6 +1,6 @@
 """Render the same requests on tokenfront and on vLLM 0.33's CPU render server and compare ids and refusals.
 
-For the model families that are not rendered by a Jinja chat template (SPEC §9): gpt-oss (Harmony), with and
+For the model families that are not rendered by a Jinja chat template (docs/contract.md §9): gpt-oss (Harmony), with and
 without a template in the folder, and a Mistral tekken checkpoint in `--tokenizer-mode mistral`. The corpora
 are the ones the CI tests check against the reference libraries directly (`tests/core/corpus_*.py`); here
 the reference is vLLM itself, so this needs a venv holding vllm==0.33.0 (`make peer-vllm`, ~10 min, once).

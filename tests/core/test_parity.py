@@ -2,7 +2,7 @@
 
 For every fixture checkpoint (with its own template) and every llama.cpp template (paired with a fitting fixture
 tokenizer), every request of the corpus (`corpus.py`) is rendered by tokenfront's `RenderPipeline` and by the
-transformers reference path (`reference.py`, SPEC §3). Per pair: both give ids -> equal; transformers raises ->
+transformers reference path (`reference.py`, docs/contract.md §3). Per pair: both give ids -> equal; transformers raises ->
 tokenfront raises a `RenderError` (a 400); anything else is a failure. One test per checkpoint or template collects
 every mismatch of its corpus into one message; the terminal summary counts the pairs compared.
 """
@@ -406,7 +406,7 @@ def test_chat_template_option_path(
 
 
 def test_spec_content_parts_example(sweep: ParitySweep, qwen3: Path) -> None:
-    """SPEC §3: Qwen3 joins text parts with a newline (it is a string-format template)."""
+    """docs/contract.md §3: Qwen3 joins text parts with a newline (it is a string-format template)."""
     pipeline = sweep.pipeline("qwen3")
     request = ChatCompletionRequest.model_validate(
         {

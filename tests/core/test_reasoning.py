@@ -1,4 +1,4 @@
-"""Reasoning parsers: registry, the prompt-tail rule (SPEC §4) and output splitting."""
+"""Reasoning parsers: registry, the prompt-tail rule (docs/contract.md §4) and output splitting."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Request bodies for vLLM's scale-out render protocol (SPEC §11): /tokenize, /detokenize, Anthropic Messages and
+"""Request bodies for vLLM's scale-out render protocol (docs/contract.md §11): /tokenize, /detokenize, Anthropic Messages and
 OpenAI Responses, and the chat normalization rules vLLM's request models apply (tools, tool calls, messages). Shared by the tests (tests/renderer) and by `benchmarks/compare_vllm_protocol.py`, which sends
 each to vLLM 0.33's render server and to tokenfront and compares the answers.
 

@@ -1,4 +1,4 @@
-"""The `tokenfront` command line: help text (SPEC §1 shared options) and clear start-up errors, no tracebacks."""
+"""The `tokenfront` command line: help text (docs/contract.md §1 shared options) and clear start-up errors, no tracebacks."""
 
 from __future__ import annotations
 

@@ -1,14 +1,18 @@
-"""The reference text's client recipes, run verbatim against a real renderer (SPEC §2).
+"""The reference text's client recipes, run verbatim against a real renderer (docs/contract.md §2).
 
 The recipes are copied character for character from `reference/render-endpoints.txt` (the user's own
 description); when that file is present, the test checks the copies still match it. `$WORKER` is a small
 real HTTP server started by the test that records the JSON bodies it receives and answers `{}`.
+
+The README's quick start (its `request.json` and the chat recipe with `$WORKER` rendering too) is run as
+written against a real worker started as `make demo` starts it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -17,11 +21,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from examples import REFERENCE_CHAT, REFERENCE_CHAT_IDS
 from tokenizers import Tokenizer
 
 REFERENCE_TEXT = Path("/work/shared/reference/render-endpoints.txt")
+README = Path(__file__).resolve().parents[2] / "README.md"
+# Where the quick start expects `make demo`'s worker; the test puts its own worker's URL there.
+DEMO_URL = "http://127.0.0.1:8000"
 
 COMPLETIONS_RECIPE = """\
 curl -s $RENDERER/v1/completions/render -H 'Content-Type: application/json' -d @request.json \\
@@ -179,3 +187,75 @@ def test_python_recipe(qwen3_renderer: Any, worker: RecordingWorker) -> None:
     assert worker.received == [
         ("/v1/chat/completions", {**REFERENCE_CHAT, "prompt_token_ids": REFERENCE_CHAT_IDS})
     ]
+
+
+def readme_quick_start() -> list[str]:
+    """The shell blocks of the README's "Quick start" section, in order."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```sh\n(.*?)^```", section, flags=re.DOTALL | re.MULTILINE)
+
+
+def _json_values(text: str) -> list[Any]:
+    """Every JSON value in `text`, one after another (curl prints answers without separators)."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while at < len(text):
+        if text[at].isspace():
+            at += 1
+            continue
+        value, at = decoder.raw_decode(text, at)
+        values.append(value)
+    return values
+
+
+def test_readme_quick_start_writes_request_json_before_the_reference_recipe() -> None:
+    blocks = readme_quick_start()
+    assert len(blocks) == 2, blocks
+    script = "\n".join(blocks)
+    # The reference's chat recipe, with the worker doing the rendering too (make demo mounts the render routes).
+    recipe = CHAT_RECIPE.replace("$RENDERER", "$WORKER")
+    assert recipe in blocks[1]
+    assert blocks[1].index("cat > request.json <<'EOF'") < blocks[1].index(recipe)
+    assert script.count(DEMO_URL) == 1 and script.startswith(f"WORKER={DEMO_URL}\n")
+
+
+@pytest.mark.slow
+@needs_jq
+def test_readme_quick_start_runs_as_written(launch: Any, checkpoint: Any, tmp_path: Path) -> None:
+    """The quick start's commands, pasted into bash, against a worker started with `make demo`'s arguments."""
+    worker = launch(
+        [
+            "serve",
+            "--model",
+            str(checkpoint("smollm2")),
+            "--served-model-name",
+            "SmolLM2-135M-Instruct",
+            "--tool-call-parser",
+            "hermes",
+        ],
+        log_dir=tmp_path,
+        env={"TOKENFRONT_ENABLE_RENDER_ENDPOINTS": "1"},
+    )
+    try:
+        script = "\n".join(readme_quick_start()).replace(DEMO_URL, worker.url)
+        result = subprocess.run(
+            ["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, (result.stdout, result.stderr)
+        assert result.stderr == ""
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        assert json.loads((tmp_path / "request.json").read_text()) == {"messages": question, "temperature": 0}
+        direct, via_ids = _json_values(result.stdout)
+        answer = "The capital of France is Paris."  # what the README says the worker answers
+        assert [direct["choices"][0]["message"]["content"], via_ids["choices"][0]["message"]["content"]] == [
+            answer,
+            answer,
+        ]
+        # As the README says: 37 prompt tokens, the 2 full blocks of 16 left cached by the first request.
+        assert via_ids["usage"]["prompt_tokens"] == 37
+        assert via_ids["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+        metrics = httpx.get(f"{worker.url}/metrics", timeout=10).text
+        assert 'tokenfront_worker_prompts_total{route="chat",source="rendered"} 1.0' in metrics
+        assert 'tokenfront_worker_prompts_total{route="chat",source="token_ids"} 1.0' in metrics
+    finally:
+        worker.stop()

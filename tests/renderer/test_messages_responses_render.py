@@ -1,10 +1,10 @@
 """`POST /v1/messages/render` (Anthropic Messages) and `POST /v1/responses/render` (OpenAI Responses), and the chat
-normalization rules of vLLM's request models on `POST /v1/chat/completions/render` (SPEC §2, §11; issue 9).
+normalization rules of vLLM's request models on `POST /v1/chat/completions/render` (docs/contract.md §2, §11; issue 9).
 
 On real `tokenfront render` processes (Qwen3, `qwen3` reasoning parser). Expected ids are vLLM's own, pinned in
 `data/vllm_protocol_pins.json`: written by `python -m benchmarks.compare_vllm_protocol --write-pins` from vLLM
 0.33's render server on the same checkpoint with `--reasoning-parser qwen3 --enable-auto-tool-choice
---tool-call-parser hermes` (the script also compares both servers live). The envelope is tokenfront's (SPEC §2).
+--tool-call-parser hermes` (the script also compares both servers live). The envelope is tokenfront's (docs/contract.md §2).
 """
 
 from __future__ import annotations

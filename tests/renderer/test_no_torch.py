@@ -1,4 +1,4 @@
-"""The renderer never imports torch (SPEC §1: tokenizer, config and template files only, no weights, no torch).
+"""The renderer never imports torch (docs/contract.md §1: tokenizer, config and template files only, no weights, no torch).
 
 Three checks, meaningful whether or not torch is installed in the environment:
 

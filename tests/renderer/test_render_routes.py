@@ -1,6 +1,6 @@
 """HTTP-level tests of the standalone renderer (`tokenfront render`), against real server processes.
 
-SPEC §2 (render endpoints, errors), §6 (common routes, --api-key) and the reference text's examples.
+docs/contract.md §2 (render endpoints, errors), §6 (common routes, --api-key) and the reference text's examples.
 Token ids are real Qwen3 ids; where a value is not copied from the reference text it is cross-checked with the
 `tokenizers` library reading the checkpoint's own tokenizer.json (independent of tokenfront's pipeline).
 """
@@ -208,7 +208,7 @@ def test_completion_list_of_strings(client: httpx.Client, hf_tokenizer: Tokenize
 
 
 def test_completion_mixed_prompt_shapes_are_refused(client: httpx.Client) -> None:
-    """A list mixing strings and id lists is none of the four prompt shapes (SPEC §3; OpenAI and vLLM refuse it)."""
+    """A list mixing strings and id lists is none of the four prompt shapes (docs/contract.md §3; OpenAI and vLLM refuse it)."""
     prompts: list[Any] = ["The capital of France is", [785, 6722, 315], "The capital of France is"]
     response = client.post(COMPLETIONS, json={"model": "Qwen3-0.6B", "prompt": prompts, "max_tokens": 8})
     assert_error(

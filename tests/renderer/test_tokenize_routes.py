@@ -1,4 +1,4 @@
-"""`POST /tokenize` and `POST /detokenize` (SPEC §11): vLLM 0.33's request and response schemas, on a real
+"""`POST /tokenize` and `POST /detokenize` (docs/contract.md §11): vLLM 0.33's request and response schemas, on a real
 `tokenfront render` process (Qwen3, `qwen3` reasoning parser).
 
 Expected answers are vLLM's own, pinned in `data/vllm_protocol_pins.json`: written by
@@ -108,7 +108,7 @@ def test_detokenize_round_trips_text(client: httpx.Client) -> None:
             None,
         ),
         ("/detokenize", {"tokens": [-1]}, 400, "tokens", "token_id_out_of_vocabulary"),
-        # vLLM 0.33 decodes an id past the vocabulary to ""; SPEC §2 makes it a 400 (benchmarks list it).
+        # vLLM 0.33 decodes an id past the vocabulary to ""; docs/contract.md §2 makes it a 400 (benchmarks list it).
         ("/detokenize", {"tokens": [9707, 151669]}, 400, "tokens", "token_id_out_of_vocabulary"),
         ("/detokenize", {"tokens": "9707"}, 400, "tokens", None),
         ("/detokenize", {}, 400, "tokens", None),

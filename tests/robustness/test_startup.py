@@ -21,7 +21,7 @@ from tokenfront.core.errors import CheckpointError
 from tokenfront.core.fingerprint import build_fingerprint, tokenizer_components
 
 # What a process that got as far as loading would have printed.
-LOADED_MARKERS = ("ready:", "Loading weights", "Started server process", "serving on")
+LOADED_MARKERS = ("ready:", "loading model", "Loading weights", "Started server process", "serving on")
 
 
 def tokenfront(
@@ -285,6 +285,29 @@ def test_a_worker_on_a_folder_without_config_is_one_line(
     assert "no config.json" in line, line
 
 
+def test_a_worker_on_truncated_weights_is_one_line(
+    folder_with: Callable[..., Path], tiny_random: Path
+) -> None:
+    names = [p.name for p in tiny_random.iterdir() if p.is_file() and p.name != "model.safetensors"]
+    folder = folder_with(tiny_random, *names)
+    weights = (tiny_random / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # an interrupted copy
+    line = one_line_error(tokenfront("serve", "--model", str(folder), "--port", "0"))
+    assert "unreadable model weights" in line and str(folder) in line, line
+
+
 def test_a_missing_required_option_is_one_line() -> None:
     line = one_line_error(tokenfront("serve"))
     assert "--model" in line and "tokenfront serve --help" in line, line
+
+
+def test_a_port_held_by_another_preforked_server_is_busy(tiny_random: Path) -> None:
+    """SO_REUSEPORT lets pre-fork children share their parent's port; it must not let a second server of the same
+    user join a port another pre-forked server holds (each would get part of the connections)."""
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen(1)
+        port = int(other.getsockname()[1])
+        result = tokenfront("render", "--model", str(tiny_random), "--port", str(port), "--workers", "2")
+    assert "already in use" in one_line_error(result)

@@ -1,4 +1,4 @@
-"""Requests whose ids are never forwarded, whatever the fingerprints say (SPEC §8).
+"""Requests whose ids are never forwarded, whatever the fingerprints say (docs/contract.md §8).
 
 Each case is checked with the gate open (every worker matches), so that what keeps the ids back is the
 request itself: a named tool_choice, a kimi_k3 model, a prompt carrying a reasoning mode with a laguna

@@ -1,4 +1,4 @@
-"""Model families (SPEC §9): Kimi K3's usage exclusion, with its real chat template.
+"""Model families (docs/contract.md §9): Kimi K3's usage exclusion, with its real chat template.
 
 The checkpoint is a copy of the Qwen3 tokenizer folder whose config says `model_type: kimi_k3`, rendered with
 llama.cpp's real Kimi-K3.jinja through `--chat-template` (the same `RenderPipeline.load` the worker uses).

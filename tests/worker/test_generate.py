@@ -1,4 +1,4 @@
-"""`POST /inference/v1/generate` (vLLM 0.33's tokens in, tokens out; SPEC §11, issue 9 item 3) on a real
+"""`POST /inference/v1/generate` (vLLM 0.33's tokens in, tokens out; docs/contract.md §11, issue 9 item 3) on a real
 SmolLM2-135M-Instruct worker: greedy text equal to `/v1/chat/completions` for the same ids, ids mode,
 streams that add up to the whole answer, vocabulary checks, the prompt counted as ids, and disconnects.
 

@@ -1,5 +1,5 @@
 """The worker end to end on the real SmolLM2-135M-Instruct: real `tokenfront serve` and `tokenfront render`
-processes on loopback, greedy generation, no mocks (SPEC §2, §6, §7; issue 3).
+processes on loopback, greedy generation, no mocks (docs/contract.md §2, §6, §7; issue 3).
 
 One worker (`--tool-call-parser hermes`, render routes enabled) and one renderer with the same options are
 shared by the module. Counters on /metrics are compared before and after each request, so the order of the

@@ -50,6 +50,39 @@ def test_render_routes_are_off_without_the_variable(worker: Any) -> None:
     assert worker.get("/server_info").json()["render_endpoints"] is False
 
 
+# Written out, not read from the routers: the render and derender routes a worker mounts with the variable.
+RENDER_PATHS = [
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+    "/v1/messages/render",
+    "/v1/responses/render",
+    "/tokenize",
+    "/detokenize",
+    "/v1/chat/completions/derender",
+    "/v1/completions/derender",
+]
+
+
+def test_render_routes_off_say_how_to_turn_them_on(worker: Any) -> None:
+    answered = 0
+    for path in RENDER_PATHS:
+        response = worker.post(path, json={"messages": [{"role": "user", "content": "Hi"}]})
+        assert response.status_code == 404, path
+        error = response.json()["error"]
+        assert error["code"] == "render_endpoints_disabled"
+        assert error["message"].startswith(f"no route POST {path} on this worker: ")
+        assert "TOKENFRONT_ENABLE_RENDER_ENDPOINTS=1" in error["message"]
+        answered += 1
+    assert answered == 8
+    # Any other unknown path keeps the plain 404, and the stand-ins are not documented as routes.
+    other = worker.post("/v1/chat/completions/rendered", json={})
+    assert other.status_code == 404
+    assert other.json()["error"]["message"] == "no route POST /v1/chat/completions/rendered on this server"
+    documented = worker.get("/openapi.json").json()["paths"]
+    assert not set(RENDER_PATHS) & set(documented)
+    assert "/v1/chat/completions" in documented
+
+
 def test_named_tool_choice_needs_a_tool_call_parser(worker: Any) -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     body = {

@@ -162,7 +162,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def load_chat_templates(folder: Path | None, override: str | None) -> ChatTemplateSource | None:
-    """Resolve the chat template(s) (SPEC §3), as vLLM does for a request without its own template.
+    """Resolve the chat template(s) (docs/contract.md §3), as vLLM does for a request without its own template.
 
     `--chat-template` wins. Otherwise the tokenizer's templates, read as transformers' tokenizer reads them:
     `chat_template.jinja` and `additional_chat_templates/*.jinja` before `tokenizer_config.json`'s entry. A

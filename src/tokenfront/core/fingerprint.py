@@ -1,4 +1,4 @@
-"""The rendering fingerprint (SPEC §5): what decides the ids, hashed, so two processes can prove they agree.
+"""The rendering fingerprint (docs/contract.md §5): what decides the ids, hashed, so two processes can prove they agree.
 
 `compared` holds every component that can change rendered ids and nothing else (no paths, names, ports or
 tokenizer backend); `digest` is the sha256 of its canonical JSON. Computed once at start-up.
@@ -189,19 +189,30 @@ def _flatten(compared: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def _component_order(key: str) -> tuple[int, str]:
+    labelled = list(_COMPONENT_LABELS)
+    return (labelled.index(key) if key in _COMPONENT_LABELS else len(labelled), key)
+
+
+def components(compared: dict[str, Any]) -> dict[str, Any]:
+    """`compared` as its components (`tokenizer.vocab`, `options.forced_tool_call_prefix`, ...), in the order
+    `Fingerprint.compare` tells differences: what `tokenfront check` lays out side by side."""
+    flat = _flatten(compared)
+    return {key: flat[key] for key in sorted(flat, key=_component_order)}
+
+
+def component_label(key: str) -> str:
+    """How a component is named to a person ("chat template", "tokenizer vocabulary"); unknown keys as they are."""
+    return _COMPONENT_LABELS.get(key, key)
+
+
 def _component_differences(mine: dict[str, Any], theirs: dict[str, Any], other_name: str) -> list[str]:
     a, b = _flatten(mine), _flatten(theirs)
     reasons = []
-    for key in sorted(
-        set(a) | set(b),
-        key=lambda k: (
-            list(_COMPONENT_LABELS).index(k) if k in _COMPONENT_LABELS else len(_COMPONENT_LABELS),
-            k,
-        ),
-    ):
+    for key in sorted(set(a) | set(b), key=_component_order):
         if a.get(key) == b.get(key):
             continue
-        label = _COMPONENT_LABELS.get(key, key)
+        label = component_label(key)
         if key == "model_type":
             reasons.append(
                 f"model type {a.get(key) or 'none (generic text model)'} vs "

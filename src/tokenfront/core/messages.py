@@ -1,4 +1,4 @@
-"""Request normalization before the template sees the messages (SPEC §3).
+"""Request normalization before the template sees the messages (docs/contract.md §3).
 
 These are the mainstream servers' rules (vLLM 0.33's chat message parsing, `vllm/renderers/chat_utils/`, which
 TensorRT-LLM shares). They change ids, so they are part of the rendering contract, not a convenience:

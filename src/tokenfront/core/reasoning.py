@@ -1,11 +1,11 @@
 """Reasoning parsers: their markers, the prompt-tail rule, and splitting generated text.
 
 A reasoning parser (``--reasoning-parser NAME``) knows the markers a model wraps its
-reasoning in and whether it reads its reasoning mode from the prompt text (SPEC §4).
+reasoning in and whether it reads its reasoning mode from the prompt text (docs/contract.md §4).
 The renderer uses it to compute ``reasoning_ended``; the router uses it to decide
-whether a request may be forwarded as ids (SPEC §8); the output core
+whether a request may be forwarded as ids (docs/contract.md §8); the output core
 (``core.output.reasoning``) uses it to split generated text into ``reasoning_content``
-and ``content`` (SPEC §7).
+and ``content`` (docs/contract.md §7).
 
 Where generation starts (the rules of vLLM's parsers, made consistent between the
 streaming and the non-streaming paths):
@@ -85,7 +85,7 @@ class ReasoningParser:
     harmony: bool = False
 
     def fingerprint_component(self) -> dict[str, str] | None:
-        """The part of this parser that the rendering fingerprint compares (SPEC §5).
+        """The part of this parser that the rendering fingerprint compares (docs/contract.md §5).
 
         Only a parser that reads the mode from the prompt changes what a worker does with
         a given prompt, so the others contribute nothing (``None``).
@@ -176,7 +176,7 @@ def _tail(text: str, size: int) -> str:
 
 
 def reasoning_ended(parser: ReasoningParser | None, prompt_text: str) -> bool | None:
-    """Whether reasoning had ended before the first generated token (SPEC §4).
+    """Whether reasoning had ended before the first generated token (docs/contract.md §4).
 
     Read off the prompt's tail only, since earlier turns contain closed blocks; trailing
     whitespace is ignored. Ends with the end marker: ``True``; with the start marker:
@@ -196,7 +196,7 @@ def prompt_carries_reasoning_mode(parser: ReasoningParser | None, prompt_text: s
     """Whether the prompt's tail is a start or end marker (a prefilled reasoning mode).
 
     The router never forwards such a prompt as ids to a worker whose parser reads the
-    mode from the prompt, since that worker would not see the text (SPEC §8).
+    mode from the prompt, since that worker would not see the text (docs/contract.md §8).
     """
     return reasoning_ended(parser, prompt_text) is not None
 

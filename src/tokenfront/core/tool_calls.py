@@ -1,14 +1,14 @@
 """Tool-call parsers: forced-call prefixes for a named ``tool_choice`` and parsing calls out of output.
 
 A tool-call parser (``--tool-call-parser NAME``) knows how a model writes a function
-call. It serves twice (SPEC §7): to force a call to one named function, the render
+call. It serves twice (docs/contract.md §7): to force a call to one named function, the render
 pipeline appends ``forced_call_prefix(name)`` to the rendered prompt
 (``RenderPipeline.render_chat(..., forced_tool=name)``) so the model's continuation is
 just the JSON arguments object (``forced_call_suffix`` is what closes the call after
 it); and the output core (``core.output``) turns generated text into ``tool_calls``
 with ``parse``, streaming content up to the parser's ``call_markers``. The prefix
 changes the prompt ids, so the rendering fingerprint hashes ``fingerprint_component()``
-(SPEC §5).
+(docs/contract.md §5).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from tokenfront.core.render import RenderPipeline
 from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.server.app import create_app, pipeline_info
+from tokenfront.server.inspector import inspector_router
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 
 
@@ -37,4 +38,5 @@ def create_renderer_app(
     app.state.pipeline = pipeline
     app.include_router(render_router())
     app.include_router(derender_router())
+    app.include_router(inspector_router())
     return app

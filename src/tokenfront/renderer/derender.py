@@ -1,4 +1,4 @@
-"""The derender routes (SPEC §11): output ids a client sends, answered as the OpenAI response vLLM 0.33 builds.
+"""The derender routes (docs/contract.md §11): output ids a client sends, answered as the OpenAI response vLLM 0.33 builds.
 
 - `POST /v1/chat/completions/derender`: vLLM's `DerenderChatRequest` (`generate_response`, `prompt_tokens`,
   `prompt_token_ids`, `chat_request`) answered with a `chat.completion`; with `stream: true`, its

@@ -1,4 +1,4 @@
-"""The render routes (SPEC §2, §11): every way a request becomes prompt ids, on one pipeline.
+"""The render routes (docs/contract.md §2, §11): every way a request becomes prompt ids, on one pipeline.
 
 - `POST /v1/chat/completions/render`, `POST /v1/completions/render`: the OpenAI bodies;
 - `POST /v1/messages/render` (Anthropic Messages), `POST /v1/responses/render` (OpenAI Responses): the body is
@@ -66,7 +66,7 @@ RENDER_PATHS = (
 def _envelope(
     *, kind: str, request_id: str, rendered: RenderedPrompt, request: dict[str, Any], reasoning_kwargs: Any
 ) -> dict[str, Any]:
-    # Field order is part of the contract (SPEC §2); `request` comes last and is added by the caller.
+    # Field order is part of the contract (docs/contract.md §2); `request` comes last and is added by the caller.
     return {
         "schema_version": RENDER_SCHEMA_VERSION,
         "kind": kind,

@@ -1,4 +1,4 @@
-"""The router app (`tokenfront route`): an OpenAI-compatible proxy in front of workers (SPEC §8).
+"""The router app (`tokenfront route`): an OpenAI-compatible proxy in front of workers (docs/contract.md §8).
 
 It renders with the same `RenderPipeline` as the renderer (loaded the same way: tokenizer, config and
 template files, never weights, never torch), routes with a policy from `router.policies`, forwards its ids
@@ -49,6 +49,7 @@ from tokenfront.router.workers import (
 )
 from tokenfront.server.app import create_app
 from tokenfront.server.errors import error_response
+from tokenfront.server.inspector import inspector_router
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 from tokenfront.server.metrics import ServerMetrics
 
@@ -142,6 +143,7 @@ def create_router_app(
     app.include_router(workers_router())
     app.include_router(render_router() if pipeline is not None else render_unavailable_router())
     app.include_router(derender_router())
+    app.include_router(inspector_router())  # its workers; a router with a tokenizer renders there too
     app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers)
     # Outermost on both paths (FastAPI's and the lean routes'), before auth: a request carrying this router's
     # own id came back to it.

@@ -434,8 +434,12 @@ class WorkerConnections:
         self._idle: list[_Connection] = []
         self._closed = False
 
-    async def post(self, path: str, body: bytes, content_type: str = "application/json") -> WorkerResponse:
+    async def post(
+        self, path: str, body: bytes, content_type: str = "application/json", *, request_id: str | None = None
+    ) -> WorkerResponse:
         """POST `body` to `path` and return once the answer's head arrived; WorkerTransportError on failure.
+
+        `request_id` goes as `X-Request-Id` (an id `server.request_ids` accepted: printable ASCII, no spaces).
 
         A kept-alive connection that fails before any byte of the answer was one the worker had closed
         meanwhile: the request goes again on a fresh connection.
@@ -447,6 +451,7 @@ class WorkerConnections:
                 path.encode("ascii"),
                 b" HTTP/1.1\r\n",
                 self._fixed_headers,
+                b"x-request-id: %s\r\n" % request_id.encode("ascii") if request_id is not None else b"",
                 b"content-type: ",
                 content_type.encode("latin-1"),
                 b"\r\ncontent-length: ",

@@ -1,10 +1,11 @@
-"""The forwarding gate (SPEC §8): may the router send its rendered ids to the workers?
+"""The forwarding gate (docs/contract.md §8): may the router send its rendered ids to the workers?
 
 Ids go to workers only when every active worker reports a rendering fingerprint that matches the router's;
 otherwise each worker renders the original request itself and the router's ids only choose the worker.
 `ForwardingGate.evaluate` decides from the router's fingerprint and what the active workers report, and logs
 one warning naming each worker (or the router itself) that blocks forwarding and why — again only when that
-set or a reason changes, and once at INFO when forwarding resumes.
+set or a reason changes, and once at INFO when forwarding resumes. Each of these records also carries its
+content as fields (`GateState.log_fields`), which `--log-format json` writes into the line.
 
 A worker that publishes no fingerprint but was added with `verify=probe` (vLLM) is compared by its render
 probe instead (`router.probe`): it is eligible when every probe case gave the router's ids, and the first
@@ -61,6 +62,24 @@ class GateState:
         return "; ".join(
             f"{url} verified by probe, {cases} cases" for url, cases in sorted(self.verified_by_probe.items())
         )
+
+    def log_fields(self) -> dict[str, object]:
+        """The decision as structured log fields (`extra=`): `forwarding`; `router_reasons`; `blocking`, one
+        `{"worker": URL, "reasons": [...]}` per blocking worker; `verified_by_probe`, one
+        `{"worker": URL, "cases": N}` per worker eligible by its probe alone. Lists, not maps keyed by URL: a
+        log store indexes the field names, and a URL is no field name."""
+        fields: dict[str, object] = {
+            "forwarding": self.forwarding,
+            "router_reasons": list(self.router_reasons),
+            "blocking": [
+                {"worker": url, "reasons": list(reasons)} for url, reasons in sorted(self.blocking.items())
+            ],
+        }
+        if self.verified_by_probe:
+            fields["verified_by_probe"] = [
+                {"worker": url, "cases": cases} for url, cases in sorted(self.verified_by_probe.items())
+            ]
+        return fields
 
     def to_json(self) -> dict[str, object]:
         """The published form (on `/server_info` and `GET /workers`); `verified_by_probe` only when some
@@ -164,16 +183,19 @@ class ForwardingGate:
                 "not forwarding token ids: workers render each request themselves and the router's ids only "
                 "choose the worker. Blocked by %s",
                 state.describe(),
+                extra=state.log_fields(),
             )
         elif state.verified_by_probe:
             log.warning(
                 "forwarding token ids to workers that publish no fingerprint: %s (a probe shows that these "
                 "cases render alike, not that every request does)",
                 state.describe_verified(),
+                extra=state.log_fields(),
             )
         elif not first and not was_forwarding:
             log.info(
-                "forwarding token ids again: every active worker matches the router's rendering fingerprint"
+                "forwarding token ids again: every active worker matches the router's rendering fingerprint",
+                extra=state.log_fields(),
             )
 
 

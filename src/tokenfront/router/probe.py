@@ -2,9 +2,9 @@
 
 vLLM publishes no rendering fingerprint (its `/server_info` is a 404), so the gate cannot compare it and
 blocks forwarding. A worker added with `verify=probe` opts in to a weaker check instead: the router renders a
-built-in corpus (`PROBE_CASES`: a system prompt, several turns, tools, a tool-call history, unicode, a text
-prompt, a continued final message) with its own pipeline, through the renderer's own `/tokenize` function, and
-compares the ids with the worker's `POST /tokenize` answers (vLLM's schema). Equal ids on every case make the
+built-in corpus (`tokenfront.probe_corpus`: a system prompt, several turns, tools, a tool-call history, unicode,
+a text prompt, a continued final message) with its own pipeline, through the renderer's own `/tokenize`
+function, and compares the ids with the worker's `POST /tokenize` answers (vLLM's schema). Equal ids on every case make the
 worker eligible for forwarding; the first case that differs, or that the worker refuses, is the reason it is
 not. A probe shows that these cases render alike, not that every request does: the gate says so when it
 forwards on a probe.
@@ -26,124 +26,14 @@ import httpx
 from tokenfront.core.context_length import max_model_len
 from tokenfront.core.errors import RenderError
 from tokenfront.core.render import RenderPipeline
+from tokenfront.probe_corpus import PROBE_CASES, ProbeCase, first_difference, refusal_message, token_ids
+from tokenfront.probe_corpus import UNICODE_TEXT as UNICODE_TEXT  # re-exported: the corpus's test reads it
 from tokenfront.protocol import TokenizeRequest
 from tokenfront.renderer.routes import tokenize_response
 from tokenfront.router.connections import describe_error
 from tokenfront.server.errors import APIError
 
 NO_PROBER = "the router cannot render (started without --model), so it cannot probe"
-# How much of a refusal's message goes into a difference (it ends up in a log line).
-_MESSAGE_CHARS = 200
-
-
-@dataclass(frozen=True)
-class ProbeCase:
-    """One probe request: a name for the reasons and logs, and the `/tokenize` body (never mutated)."""
-
-    name: str
-    body: Mapping[str, Any]
-
-
-_WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "The city, e.g. Paris"},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city"],
-        },
-    },
-}
-
-# CJK, emoji (with a skin-tone modifier and a ZWJ sequence), combining accents, and right-to-left scripts.
-UNICODE_TEXT = (
-    "日本語と中文を混ぜた文章。한국어도 있어요. 🙂👍🏽👩‍💻 "
-    "cafe\u0301 n\u0303o Zu\u0308rich; مرحبا بالعالم; שלום עולם."
-)
-
-PROBE_CASES: tuple[ProbeCase, ...] = (
-    ProbeCase(
-        "system_user",
-        {
-            "messages": [
-                {"role": "system", "content": "You are a terse assistant. Answer in one sentence."},
-                {"role": "user", "content": "What is the capital of France?"},
-            ],
-            "add_generation_prompt": True,
-        },
-    ),
-    ProbeCase(
-        "multi_turn",
-        {
-            "messages": [
-                {"role": "user", "content": "Name a colour."},
-                {"role": "assistant", "content": "Blue."},
-                {"role": "user", "content": "Another one, please -- and spell it backwards."},
-            ],
-            "add_generation_prompt": True,
-        },
-    ),
-    ProbeCase(
-        "tools",
-        {
-            "messages": [{"role": "user", "content": "Is it raining in Paris?"}],
-            "tools": [_WEATHER_TOOL],
-            "add_generation_prompt": True,
-        },
-    ),
-    ProbeCase(
-        "tool_history",
-        {
-            "messages": [
-                {"role": "user", "content": "What's the weather in Paris, in celsius?"},
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {
-                            "id": "call00001",  # 9 alphanumerics: what Mistral templates require
-                            "type": "function",
-                            "function": {
-                                "name": "get_weather",
-                                "arguments": '{"city": "Paris", "unit": "celsius"}',
-                            },
-                        }
-                    ],
-                },
-                {"role": "tool", "tool_call_id": "call00001", "content": '{"temperature": 14, "rain": true}'},
-            ],
-            "tools": [_WEATHER_TOOL],
-            "add_generation_prompt": True,
-        },
-    ),
-    ProbeCase(
-        "unicode",
-        {"messages": [{"role": "user", "content": UNICODE_TEXT}], "add_generation_prompt": True},
-    ),
-    ProbeCase(
-        "completion",
-        {
-            "prompt": "The quick brown fox jumps over the lazy dog.\n\nOnce upon a time",
-            "add_special_tokens": True,
-        },
-    ),
-    ProbeCase(
-        "continue_final",
-        {
-            "messages": [
-                {"role": "user", "content": "Write a haiku about the sea."},
-                {"role": "assistant", "content": "Waves fold into foam,"},
-            ],
-            "add_generation_prompt": False,
-            "continue_final_message": True,
-        },
-    ),
-)
 
 
 @dataclass(frozen=True)
@@ -241,49 +131,20 @@ class Prober:
                 f"probe case {case.name!r}: /tokenize unreachable ({describe_error(exc)})"
             ) from exc
         if response.status_code != 200:
-            return (
-                f"probe case {case.name!r}: /tokenize answered {response.status_code} ({_message(response)})"
-            )
-        tokens = _tokens(response)
+            refusal = refusal_message(response)
+            return f"probe case {case.name!r}: /tokenize answered {response.status_code} ({refusal})"
+        tokens = token_ids(response)
         if tokens is None:
             return f"probe case {case.name!r}: /tokenize answered no list of token ids"
         return _difference(case.name, tokens, expected)
 
 
-def _tokens(response: httpx.Response) -> list[int] | None:
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    tokens = body.get("tokens") if isinstance(body, dict) else None
-    if not isinstance(tokens, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in tokens
-    ):
-        return None
-    return tokens
-
-
 def _difference(name: str, worker: list[int], router: list[int]) -> str | None:
     """None when equal, else where the worker's ids first differ from the router's."""
-    if worker == router:
+    at = first_difference(worker, router)
+    if at is None:
         return None
-    first = next((i for i, (a, b) in enumerate(zip(worker, router, strict=False)) if a != b), None)
-    at = first if first is not None else min(len(worker), len(router))
     return (
         f"probe case {name!r} differs: the worker's /tokenize gave {len(worker)} ids, the router "
         f"{len(router)}; first difference at id {at}"
     )
-
-
-def _message(response: httpx.Response) -> str:
-    """The error message of a refusal: OpenAI's `error.message`, vLLM's older top-level `message`, or text."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text.strip()[:_MESSAGE_CHARS] or "no body"
-    if isinstance(body, dict):
-        error = body.get("error")
-        message = error.get("message") if isinstance(error, dict) else body.get("message")
-        if isinstance(message, str):
-            return message[:_MESSAGE_CHARS]
-    return str(body)[:_MESSAGE_CHARS]

@@ -68,6 +68,7 @@ from tokenfront.router.workers import Worker, WorkerPool
 from tokenfront.server.disconnect import client_disconnected_response, wait_for_disconnect
 from tokenfront.server.errors import APIError, error_body
 from tokenfront.server.models import check_model
+from tokenfront.server.request_ids import current_request_id
 from tokenfront.server.responses import dumps, loads
 from tokenfront.server.sse import SSE_DONE, sse_event
 
@@ -406,7 +407,8 @@ class Proxy:
         on_lost = interrupt.worker_lost
         worker.lost_watchers.add(on_lost)
         try:
-            response = await worker.connections.post(call.path, call.body)
+            # The client's request id goes on: one id finds the request in the router's and the worker's logs.
+            response = await worker.connections.post(call.path, call.body, request_id=current_request_id())
             if plan.stream and response.status_code == 200:
                 stage = "stream"
                 source: _ChunkSource = response

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenfront import __version__
 from tokenfront.core.render import RenderPipeline
+from tokenfront.server.api_docs import api_docs_router
 from tokenfront.server.errors import install_error_handlers
 from tokenfront.server.lean_routes import LeanRoute
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
@@ -91,14 +92,16 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     metrics: ServerMetrics | None = None,
 ) -> TokenfrontApp:
-    """A FastAPI app with the routes every tokenfront server has (SPEC §6): `/health`, `/server_info`,
-    `/v1/models`, `/metrics`, OpenAPI at `/openapi.json` and `/docs`; OpenAI-shaped errors; Bearer auth on
-    everything but `/health`; a body size limit (413). `metrics` lets a server register its own metrics in
-    the app's registry before the app exists."""
+    """A FastAPI app with the routes every tokenfront server has (docs/contract.md §6): `/health`, `/server_info`,
+    `/v1/models`, `/metrics`, OpenAPI at `/openapi.json`, `/docs` and `/redoc` (their files served by the app);
+    OpenAI-shaped errors; Bearer auth on everything but `/health` and the inspector's static files; a body size
+    limit (413). `metrics` lets a server register its own metrics in the app's registry before the app exists."""
     app = TokenfrontApp(
         title=title,
         version=__version__,
-        docs_url="/docs",
+        # `/docs` and `/redoc` are `server.api_docs`' pages, on files the app serves (FastAPI's use a CDN).
+        docs_url=None,
+        redoc_url=None,
         openapi_url="/openapi.json",
         default_response_class=JSONBytesResponse,
     )
@@ -114,6 +117,8 @@ def create_app(
     app.lean_front = AuthAndMetrics(
         BodySizeLimit(_serve_lean_route, max_bytes=max_body_bytes), metrics=metrics, api_key=api_key
     )
+
+    app.include_router(api_docs_router(title=title, openapi_url="/openapi.json"))
 
     @app.get("/health", tags=["common"])
     async def health() -> dict[str, str]:

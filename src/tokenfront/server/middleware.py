@@ -1,8 +1,10 @@
-"""Auth and request metrics as one pure ASGI layer (no per-request task group, unlike `@app.middleware`)."""
+"""Pure ASGI layers (no per-request task group, unlike `@app.middleware`): auth and request metrics; the request
+id and the access line."""
 
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -10,14 +12,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.server.errors import error_response
+from tokenfront.server.inspector import INSPECTOR_PATHS
+from tokenfront.server.request_ids import (
+    REQUEST_ID_HEADER,
+    accepted_request_id,
+    reset_request_id,
+    set_request_id,
+)
 
 if TYPE_CHECKING:
     from tokenfront.server.metrics import ServerMetrics
 
-__all__ = ["AuthAndMetrics"]
+__all__ = ["AuthAndMetrics", "RequestIdLayer"]
 
-# Paths that answer without an API key: load balancers probe health without credentials.
-OPEN_PATHS = frozenset({"/health"})
+# Paths that answer without an API key: load balancers probe health without credentials; the inspector page
+# and its files are static, the same on every server (they reveal nothing), and ask the user for the key.
+OPEN_PATHS = frozenset({"/health", *INSPECTOR_PATHS})
 
 
 class AuthAndMetrics:
@@ -70,3 +80,72 @@ class AuthAndMetrics:
                 # Constant time: how much of a guess matches must not show in the time the answer takes.
                 return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
         return False
+
+
+_REQUEST_ID_HEADER = REQUEST_ID_HEADER.encode("ascii")
+access_log = logging.getLogger("tokenfront.access")
+
+
+class RequestIdLayer:
+    """The outermost layer of a server: each HTTP request's id, and with `access_log` one line per request.
+
+    The id is the client's `X-Request-Id` when usable, else a new one (`server.request_ids`). It is the current
+    request id while the request is answered (log lines carry it; the router sends it on to its worker), and
+    every answer returns it in `X-Request-Id`: errors, 503s at shutdown and streams included. The access line
+    is written when the answer has ended (a stream's last chunk): client, method, path, status, duration.
+    """
+
+    def __init__(self, app: ASGIApp, *, access_log: bool = False) -> None:
+        self.app = app
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = next((value for name, value in scope["headers"] if name == _REQUEST_ID_HEADER), None)
+        request_id = accepted_request_id(sent)
+        header = (_REQUEST_ID_HEADER, request_id.encode("ascii"))
+        token = set_request_id(request_id)
+        start = time.perf_counter()
+        status = 500  # what the server answers when the app fails before its answer starts
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                # Ours replaces one the app passed on (the router relays its worker's, the same id).
+                headers = [
+                    item for item in message.get("headers", ()) if item[0].lower() != _REQUEST_ID_HEADER
+                ]
+                message = {**message, "headers": [*headers, header]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if self.access_log:
+                _log_access(scope, status, time.perf_counter() - start)
+            reset_request_id(token)
+
+
+def _log_access(scope: Scope, status: int, seconds: float) -> None:
+    """The access line: path without the query string (a log is no place for what a client put there)."""
+    client = scope.get("client")
+    address = f"{client[0]}:{client[1]}" if client else "-"
+    method, path, milliseconds = scope["method"], scope["path"], round(seconds * 1000, 3)
+    access_log.info(
+        '%s "%s %s" %d %.1f ms',
+        address,
+        method,
+        path,
+        status,
+        milliseconds,
+        extra={
+            "client": address,
+            "method": method,
+            "path": path,
+            "status": status,
+            "duration_ms": milliseconds,
+        },
+    )

@@ -17,6 +17,12 @@ to finish, and those still running then are cut in their API's shape (`server.sh
 error, or an error event and `data: [DONE]` on a stream). uvicorn re-raises the signal that stopped it once its
 shutdown is done, which would make a finished, graceful shutdown look like a kill (exit -15) to supervisors;
 SIGTERM then exits with status 0.
+
+Logging: every request goes through `server.middleware.RequestIdLayer` (its id, the `X-Request-Id` answer header,
+and with `--access-log` tokenfront's own access line, written when the answer has ended; uvicorn's, written when
+it starts and without an id, is off). In text mode uvicorn keeps its own handlers and line format, as it always
+had; with `--log-format json` it gets none (`log_config=None`), so its records reach the root logger's JSON
+handler. The pre-fork children inherit the parent's logging as it is when they are forked.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ import time
 from typing import Any
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from tokenfront.core.errors import TokenfrontError
+from tokenfront.server.logs import adopt_library_handlers
 
 __all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "MULTIPROC_DIR_ENV", "bind_socket", "prepare_workers", "run_server"]
 
@@ -67,13 +75,18 @@ def prepare_workers(workers: int) -> None:
         )
 
 
-def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+def bind_socket(host: str, port: int, *, reuse_port: bool = False, joining: bool = False) -> socket.socket:
     """A TCP socket bound to `host`:`port`, not listening yet (the server listens once it is ready).
 
     TokenfrontError (one line) when the address cannot be bound: the port is taken, the host is not an address
     of this machine or cannot be resolved. `reuse_port` (SO_REUSEPORT) lets the pre-fork children bind the same
-    port. Port 0 takes a free port: `sock.getsockname()` tells which.
+    port; `joining` is for those children, which bind a port their parent holds. Port 0 takes a free port:
+    `sock.getsockname()` tells which.
     """
+    if reuse_port and not joining and port != 0:
+        # SO_REUSEPORT would also let this process share a port that another pre-forked server of the same
+        # user holds, each getting part of the connections: prove the port free with a plain bind first.
+        bind_socket(host, port).close()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -99,6 +112,7 @@ def run_server(
     port: int,
     log_level: str,
     access_log: bool = False,
+    log_format: str = "text",
     workers: int = 1,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     sock: socket.socket | None = None,
@@ -106,38 +120,46 @@ def run_server(
     """Serve `app` until SIGTERM or SIGINT; in-flight requests get `shutdown_timeout` seconds to finish.
 
     `sock` is the socket `bind_socket` bound for it (bound here when None; with `workers` > 1 it must have been
-    bound with `reuse_port`).
+    bound with `reuse_port`). `access_log`: a line per request; `log_format` (text or json) is the one
+    `server.logs.configure_logging` set up, and says whether uvicorn keeps its own log handlers (text).
     """
     if sock is None:
         sock = bind_socket(host, port, reuse_port=workers > 1)
+    # Here, not at the top: the CLI imports this module before `prepare_workers` and the torch guard have run.
+    from tokenfront.server.middleware import RequestIdLayer
+
     port = int(sock.getsockname()[1])  # the real one when port 0 was asked for
+    drain = getattr(app, "drain", None)  # a TokenfrontApp's (server.app)
     config = uvicorn.Config(
-        app,
+        RequestIdLayer(app, access_log=access_log),
         host=host,
         port=port,
         log_level=log_level,
-        access_log=access_log,
+        access_log=False,  # RequestIdLayer writes the access line
+        log_config=None if log_format == "json" else LOGGING_CONFIG,
         timeout_graceful_shutdown=math.ceil(shutdown_timeout + _CUT_GRACE_SECONDS),
         # "auto" takes uvloop and httptools (dependencies of tokenfront): the C parser, not h11.
         loop="auto",
         http="auto",
     )
+    adopt_library_handlers()  # the checkpoint's libraries are imported by now
     if workers <= 1:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
-            _Server(config, shutdown_timeout, announce=True).run(sockets=[sock])
+            _Server(config, shutdown_timeout, drain, announce=True).run(sockets=[sock])
         finally:
             sock.close()
         return
-    _PreforkServer(config, workers, sock, shutdown_timeout).run()
+    _PreforkServer(config, workers, sock, shutdown_timeout, drain).run()
 
 
 class _Server(uvicorn.Server):
     """uvicorn's server, which starts the app's drain (`server.shutdown`) as its shutdown begins."""
 
-    def __init__(self, config: Any, shutdown_timeout: float, *, announce: bool = False) -> None:
+    def __init__(self, config: Any, shutdown_timeout: float, drain: Any, *, announce: bool = False) -> None:
         super().__init__(config)
         self.shutdown_timeout = shutdown_timeout
+        self.drain = drain  # the app's `server.shutdown.Drain`, or None for an app without one
         self.announce = announce
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -147,20 +169,22 @@ class _Server(uvicorn.Server):
             log.info("serving on http://%s:%d", f"[{host}]" if ":" in host else host, self.config.port)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        drain = getattr(self.config.app, "drain", None)  # a TokenfrontApp's (server.app)
-        if drain is not None:
-            drain.begin(self.shutdown_timeout)
+        if self.drain is not None:
+            self.drain.begin(self.shutdown_timeout)
         await super().shutdown(sockets=sockets)
 
 
 class _PreforkServer:
     """A parent that holds the port, forks `workers` uvicorn children on it, and supervises them."""
 
-    def __init__(self, config: Any, workers: int, reserved: socket.socket, shutdown_timeout: float) -> None:
+    def __init__(
+        self, config: Any, workers: int, reserved: socket.socket, shutdown_timeout: float, drain: Any
+    ) -> None:
         self.config = config
         self.workers = workers
         self.reserved = reserved  # bound with SO_REUSEPORT by `bind_socket`, never listening
         self.shutdown_timeout = shutdown_timeout
+        self.drain = drain
         self.children: dict[int, float] = {}  # pid -> start time
         self.stopping = False
         self.quick_crashes = 0
@@ -189,7 +213,7 @@ class _PreforkServer:
         """A child's own socket on the parent's port, with SO_REUSEPORT: the kernel spreads the connections
         over the children. The parent's is bound but never listens: it holds the port without being handed any
         connection."""
-        sock = bind_socket(*self._address(), reuse_port=True)
+        sock = bind_socket(*self._address(), reuse_port=True, joining=True)
         sock.listen(self.config.backlog)
         return sock
 
@@ -203,7 +227,7 @@ class _PreforkServer:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-                _Server(self.config, self.shutdown_timeout).run(sockets=[sock])
+                _Server(self.config, self.shutdown_timeout, self.drain).run(sockets=[sock])
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 0
             except BaseException:

@@ -13,6 +13,7 @@ router's all render through `render_off_loop`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import threading
 from collections.abc import Callable
@@ -48,4 +49,6 @@ async def render_off_loop(raw: Request, request: Any, function: Callable[..., _T
             return call()
         finally:
             _RENDER_LOCK.release()
-    return await asyncio.get_running_loop().run_in_executor(_RENDER_THREAD, _locked, call)
+    # The request's context goes along, so that a line logged while rendering carries its request id.
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(_RENDER_THREAD, context.run, _locked, call)

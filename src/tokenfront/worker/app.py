@@ -14,12 +14,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.routing import APIRoute
 
 from tokenfront.core.render import RenderPipeline
 from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.server.app import create_app, pipeline_info
+from tokenfront.server.errors import APIError
+from tokenfront.server.inspector import inspector_router
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 from tokenfront.worker.engine import Engine
 from tokenfront.worker.metrics import WorkerMetrics
@@ -81,11 +84,33 @@ def create_worker_app(
     if enabled:
         app.include_router(render_router())
         app.include_router(derender_router())
+        app.include_router(inspector_router())  # the page at `/` renders through these routes
+    else:
+        app.include_router(_render_routes_off())
     app.router.lifespan_context = _lifespan(service)
     # At the shutdown deadline (`--shutdown-timeout`), before the requests still in flight are cut: stop
     # generating for them, so their choices end with "abort" and the engine is idle for `stop`.
     app.drain.on_deadline(lambda: _abort_in_flight(engine))
     return app
+
+
+def _render_routes_off() -> APIRouter:
+    """The render and derender paths on a worker that does not mount them: a 404 that says how to."""
+    router = APIRouter(include_in_schema=False)
+
+    async def off(request: Request) -> None:
+        raise APIError(
+            404,
+            f"no route {request.method} {request.url.path} on this worker: its render routes are mounted only "
+            f"when it is started with {ENABLE_RENDER_ENDPOINTS}=1 in its environment (`tokenfront render` "
+            "serves them without a model)",
+            code="render_endpoints_disabled",
+        )
+
+    for route in [*render_router().routes, *derender_router().routes]:
+        if isinstance(route, APIRoute):
+            router.add_api_route(route.path, off, methods=sorted(route.methods or ()))
+    return router
 
 
 def _abort_in_flight(engine: Engine) -> None:

@@ -14,6 +14,7 @@ versions, multimodal placeholders) are null, as vLLM sends them when its own fea
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -112,9 +113,12 @@ class GenerateService:
         request_id = f"generate-tokens-{raw.headers.get('x-request-id') or request.request_id}"
         context = ids[-_CONTEXT_TOKENS:]
         runs = []
+        # The engine's own ids are unique: two clients (or one router passing its request id on) may send the
+        # same X-Request-Id at once, and each must run; the answer keeps the id the client chose.
+        engine_id = f"{request_id}-{os.urandom(4).hex()}"
         for index in range(sampling.n):
             engine_request = GenerationRequest(
-                f"{request_id}-{index}", ids, SamplingDefaults.for_choice(params, index), request.cache_salt
+                f"{engine_id}-{index}", ids, SamplingDefaults.for_choice(params, index), request.cache_salt
             )
             parser = ChoiceParser(output, service.tokenizer, context_ids=context)
             runs.append(ChoiceRun(index, engine_request, parser, service.engine, service.metrics, ROUTE))

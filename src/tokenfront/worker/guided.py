@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding for a named ``tool_choice`` (SPEC §7), on xgrammar.
+"""Grammar-constrained decoding for a named ``tool_choice`` (docs/contract.md §7), on xgrammar.
 
 When a request names the function to call, the worker renders the prompt, appends the tool-call parser's
 ``forced_call_prefix(name)`` (hermes: ``<tool_call>\\n{"name": "get_weather", "arguments": ``) and lets the

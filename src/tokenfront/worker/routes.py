@@ -1,4 +1,4 @@
-"""The worker's own routes: the OpenAI inference routes and the KV cache event feed (SPEC §7)."""
+"""The worker's own routes: the OpenAI inference routes and the KV cache event feed (docs/contract.md §7)."""
 
 from __future__ import annotations
 

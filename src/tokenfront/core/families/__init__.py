@@ -1,4 +1,4 @@
-"""Model families: the little model-specific behaviour that is not in the chat template (SPEC §9).
+"""Model families: the little model-specific behaviour that is not in the chat template (docs/contract.md §9).
 
 One module per family that needs more than its template, and one registry keyed by the config's
 `model_type`. A family is a frozen record of small hooks; every model type without an entry gets the
@@ -47,7 +47,7 @@ class ModelFamily:
     `usage_excluded_prompt_tokens(prompt_text, token_ids, decode)`: how many trailing tokens of a prompt
     the worker rendered itself are left out of `usage.prompt_tokens`; `decode` turns ids back into text
     (special tokens kept). `never_forward_ids`: a router must let the worker render requests for this
-    family itself, whatever the fingerprints say (SPEC §8).
+    family itself, whatever the fingerprints say (docs/contract.md §8).
     """
 
     name: str

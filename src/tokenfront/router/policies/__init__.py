@@ -1,4 +1,4 @@
-"""Routing policies (SPEC §8): one module each behind ``Policy``, built by name with ``build_policy``.
+"""Routing policies (docs/contract.md §8): one module each behind ``Policy``, built by name with ``build_policy``.
 
 Adding a policy: a new module with a ``Policy`` subclass, and one line in ``POLICIES``.
 """

@@ -54,17 +54,20 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.utils import logging as transformers_logging
 
 from tokenfront.core.kv_blocks import KV_CACHE_HASH
+from tokenfront.progress import Progress, format_bytes
 from tokenfront.worker.engine import (
     NO_TOKEN,
     Engine,
@@ -599,17 +602,96 @@ def _default_dtype(device: torch.device) -> torch.dtype:
 
 
 def _load_model(checkpoint: Path, device: torch.device, dtype: torch.dtype) -> Any:
+    """Load the checkpoint's model onto `device`, reporting progress (a bar on a terminal, log lines
+    otherwise) and ending with one line: `model loaded in 2.1 s (538.1 MB of float32 weights on cpu)`."""
     if not (checkpoint / "config.json").is_file():
         raise FileNotFoundError(
             f"{checkpoint} has no config.json: point the engine at a model checkpoint folder"
         )
-    try:
-        model: Any = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
-    except OSError as error:
-        raise FileNotFoundError(f"{checkpoint}: cannot load model weights ({error})") from error
-    model.to(device)
-    model.eval()
+    started = time.monotonic()
+    # Where Hugging Face's bars are off (HF_HUB_DISABLE_PROGRESS_BARS=1, which `--log-format json` sets), so is
+    # this one: the load is told in log lines only.
+    bar = None if transformers_logging.is_progress_bar_enabled() else False
+    with (
+        Progress("loading model", unit="tensors", emit=log.info, bar=bar) as progress,
+        _loading_bars_to(progress),
+    ):
+        try:
+            model: Any = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
+        except OSError as error:
+            raise FileNotFoundError(f"{checkpoint}: cannot load model weights ({error})") from error
+        except SafetensorError as error:  # a truncated or corrupt file: the operator's to fix
+            raise ValueError(f"{checkpoint}: unreadable model weights ({error})") from error
+        model.to(device)
+        model.eval()
+        size = sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+        weights = str(dtype).removeprefix("torch.")
+        took = time.monotonic() - started
+        progress.close(
+            f"model loaded in {took:.1f} s ({format_bytes(size)} of {weights} weights on {device})"
+        )
     return model
+
+
+@contextlib.contextmanager
+def _loading_bars_to(progress: Progress) -> Iterator[None]:
+    """Meanwhile, transformers' own loading bars (tqdm, redrawn with carriage returns even into a log file)
+    count into `progress` instead, so the load has one report in the worker's style."""
+    set_hook = getattr(transformers_logging, "set_tqdm_hook", None)
+    if set_hook is None:  # a transformers without the hook: its bars are silenced, the summary line stays
+        enabled = transformers_logging.is_progress_bar_enabled()
+        transformers_logging.disable_progress_bar()
+        try:
+            yield
+        finally:
+            if enabled:
+                transformers_logging.enable_progress_bar()
+        return
+    previous = set_hook(lambda _factory, args, kwargs: _CountedBar(progress, *args, **kwargs))
+    try:
+        yield
+    finally:
+        set_hook(previous)
+
+
+class _CountedBar:
+    """Stands in for a tqdm bar transformers opens while loading: its counts go to a `Progress`."""
+
+    def __init__(
+        self,
+        progress: Progress,
+        iterable: Iterable[Any] | None = None,
+        *_: Any,
+        total: int | None = None,
+        **__: Any,
+    ) -> None:
+        if total is None and iterable is not None:
+            with contextlib.suppress(TypeError):
+                total = len(iterable)  # type: ignore[arg-type]  # a sized iterable; a generator has none
+        self._progress = progress
+        self._iterable = iterable
+        self._done = 0
+        progress.update(0, total=total)
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self._iterable or ():
+            yield item
+            self.update()
+
+    def update(self, n: int = 1) -> None:
+        """Count `n` more items done, as tqdm's `update`."""
+        self._done += n
+        self._progress.update(self._done)
+
+    def __enter__(self) -> _CountedBar:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def __getattr__(self, _name: str) -> Any:
+        # The rest of tqdm's surface (close, set_description, set_postfix, refresh, ...): nothing to do.
+        return lambda *args, **kwargs: None
 
 
 def _check_cache_layout(config: Any) -> None:
