@@ -281,6 +281,8 @@ class RenderPipeline:
             raise RenderError("suffix is not supported", param="suffix")
         add_special = True if request.add_special_tokens is None else request.add_special_tokens
         prompts = _prompt_items(request.prompt)
+        # Id lists sent as a list of lists are named as the client wrote them (`prompt[0][2]`), even one.
+        nested = not isinstance(request.prompt, str) and not all(isinstance(i, int) for i in request.prompt)
         rendered = []
         for index, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt[{index}]"
@@ -288,7 +290,7 @@ class RenderPipeline:
                 ids = self._encode(prompt, add_special_tokens=add_special, param=param)
                 text: str | None = prompt
             else:
-                self.validate_token_ids(prompt, param=param)
+                self.validate_token_ids(prompt, param=param, name=f"prompt[{index}]" if nested else param)
                 ids, text = list(prompt), None
             if not ids:
                 raise RenderError(f"{param} renders to no tokens; send some text", param=param)
@@ -315,12 +317,13 @@ class RenderPipeline:
         self.validate_token_ids(ids, param="tokens")
         return str(self.tokenizer.decode(ids))
 
-    def validate_token_ids(self, ids: list[int], *, param: str) -> None:
-        """Reject ids outside the vocabulary `[0, vocab_size)` with a 400 that names the first bad one."""
+    def validate_token_ids(self, ids: list[int], *, param: str, name: str | None = None) -> None:
+        """Reject ids outside the vocabulary `[0, vocab_size)` with a 400 that names the first bad one (as
+        `name[position]`; `name` defaults to `param`)."""
         for position, token_id in enumerate(ids):
             if not 0 <= token_id < self.vocab_size:
                 raise RenderError(
-                    f"{param}[{position}] = {token_id} is not a token id of this model "
+                    f"{name or param}[{position}] = {token_id} is not a token id of this model "
                     f"(valid ids are 0 to {self.vocab_size - 1})",
                     param=param,
                     code="token_id_out_of_vocabulary",
