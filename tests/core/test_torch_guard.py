@@ -56,7 +56,9 @@ def test_torch_hidden_without_the_guard_warns(qwen3: Path) -> None:
     # What the guard prevents: the check above would see the warning if it were still written.
     result = _import_transformers("sys.modules['torch'] = None", qwen3)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count(WARNING) == 1
+    # Once per handler that writes it: transformers' own, and the root's too where transformers propagates
+    # (it does when CI=true is set).
+    assert result.stderr.count(WARNING) >= 1, result.stderr
 
 
 @pytest.mark.slow
