@@ -22,8 +22,9 @@ import pytest
 
 from tokenfront.server.shutdown import SHUTTING_DOWN_CODE, Drain
 
-MODEL = "tiny-random"
-LONG = 2000  # tokens: minutes on this machine, so still generating when the shutdown timeout is over
+# tokens: on SmolLM2 about 80 s at ~25 tokens/s on this quiet 2-core machine, so still generating when a
+# shutdown timeout of 1-2 s is over (tiny-random makes 2000 tokens in about 4 s: too close to the timeout).
+LONG = 2000
 SHORT = 64  # tokens: seconds, well within a generous shutdown timeout
 
 
@@ -32,6 +33,13 @@ def tiny_random() -> Path:
     from tokenfront import fixtures
 
     return fixtures.ensure_checkpoint("tiny-random")
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    from tokenfront import fixtures
+
+    return fixtures.ensure_checkpoint("smollm2")
 
 
 @pytest.fixture
@@ -51,7 +59,6 @@ def servers(launch: Callable[..., Any], tmp_path: Path) -> Iterator[Callable[...
 
 def chat_body(max_tokens: int, **extra: Any) -> dict[str, Any]:
     return {
-        "model": MODEL,
         "messages": [{"role": "user", "content": "Tell me a long story."}],
         "max_tokens": max_tokens,
         "temperature": 1.0,
@@ -139,9 +146,9 @@ def assert_cut_stream(events: list[Any]) -> None:
 
 
 def test_worker_cuts_requests_in_flight_at_the_shutdown_timeout(
-    servers: Callable[..., Any], tiny_random: Path
+    servers: Callable[..., Any], smollm2: Path
 ) -> None:
-    worker = servers("serve", "--model", str(tiny_random), "--shutdown-timeout", "2")
+    worker = servers("serve", "--model", str(smollm2), "--shutdown-timeout", "2")
     flight = InFlight(worker.url, LONG)
     wait_until(lambda: engine_running(worker.url) == 2)  # both requests generate
     assert flight.first_chunk.wait(120)
@@ -187,10 +194,10 @@ def test_worker_lets_requests_in_flight_finish_within_the_shutdown_timeout(
 
 
 def test_router_cuts_a_relayed_stream_with_an_error_event_and_done(
-    servers: Callable[..., Any], tiny_random: Path
+    servers: Callable[..., Any], smollm2: Path
 ) -> None:
-    worker = servers("serve", "--model", str(tiny_random))
-    router = servers("route", "--model", str(tiny_random), "--worker", worker.url, "--shutdown-timeout", "1")
+    worker = servers("serve", "--model", str(smollm2))
+    router = servers("route", "--model", str(smollm2), "--worker", worker.url, "--shutdown-timeout", "1")
     flight = InFlight(router.url, LONG)  # the router checked its worker before it said ready
     wait_until(lambda: engine_running(worker.url) == 2)
     assert flight.first_chunk.wait(120)
