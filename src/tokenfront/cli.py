@@ -1,10 +1,13 @@
-"""The `tokenfront` command: `render` (the CPU renderer), `serve` (the worker), `route` (the router), `check`
-(does a worker render like the renderer?) and `fixtures` (real checkpoints)."""
+"""The `tokenfront` command: `render` (the CPU renderer), `serve` (the worker), `simulate` (a fleet of simulated
+workers), `route` (the router), `check` (does a worker render like the renderer?) and `fixtures` (real
+checkpoints)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import gc
 import logging
 import os
 import sys
@@ -15,6 +18,7 @@ from typing import Any, NoReturn
 from tokenfront import __version__, protocol
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.options import add_render_arguments, options_from_args
+from tokenfront.server.connection_limits import ConnectionLimits
 from tokenfront.server.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_SEQUENCES_PER_REQUEST,
@@ -85,12 +89,77 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
         f"(default: {protocol.MAX_MESSAGES})",
     )
     group.add_argument(
+        "--show-paths",
+        action="store_true",
+        help="name this machine's checkpoint and tokenizer paths in GET /server_info (its fingerprint's "
+        "info.model_path and info.tokenizer_path), which any client may read; the digest does not depend on "
+        "them (off by default)",
+    )
+    group.add_argument(
         "--access-log",
         action="store_true",
         help="log a line per request when its answer ends: client, method, path, status, duration and request "
         "id (off by default: at thousands of requests a second it costs CPU and floods the log; GET /metrics "
         "counts requests by route, status and latency)",
     )
+    _add_connection_arguments(group)
+
+
+def _add_connection_arguments(group: Any) -> None:
+    """The bounds on every client connection (server.connection_limits), on every server."""
+    defaults = ConnectionLimits()
+    for flag, kind, default, metavar, meaning in (
+        (
+            "--max-header-bytes",
+            _positive_int,
+            defaults.max_header_bytes,
+            "BYTES",
+            "size of a request head (request line and headers); larger is a 431 and the connection closed, "
+            "nothing above it buffered",
+        ),
+        (
+            "--max-headers",
+            _positive_int,
+            defaults.max_headers,
+            "N",
+            "header lines in a request head; more is a 431",
+        ),
+        (
+            "--header-timeout",
+            _positive_float,
+            defaults.header_timeout,
+            "SECONDS",
+            "time for a request head to arrive, from the connection opening (for a later request on a keep-alive "
+            "connection, from its first byte); then a 408 and the connection closed, or just closed when nothing "
+            "was sent",
+        ),
+        (
+            "--body-timeout",
+            _positive_float,
+            defaults.body_timeout,
+            "SECONDS",
+            "time a request body may go without a byte arriving; then a 408 and the connection closed",
+        ),
+        (
+            "--keep-alive-timeout",
+            _positive_float,
+            defaults.keep_alive_timeout,
+            "SECONDS",
+            "an idle keep-alive connection is closed after this",
+        ),
+        (
+            "--max-connections",
+            _positive_int,
+            defaults.max_connections,
+            "N",
+            "open client connections per server process; at the cap a new connection closes the one waiting "
+            "longest without a request in progress, or is answered 503 when all have one. The open-file limit is "
+            "raised to fit",
+        ),
+    ):
+        group.add_argument(
+            flag, type=kind, default=default, metavar=metavar, help=f"{meaning} (default: {default:g})"
+        )
 
 
 def _run_render(args: argparse.Namespace) -> int:
@@ -119,7 +188,9 @@ def _run_render(args: argparse.Namespace) -> int:
         "complete" if fingerprint.complete else "incomplete: " + "; ".join(fingerprint.incomplete_reasons),
         pipeline.backend.name,
     )
-    app = create_renderer_app(pipeline, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    app = create_renderer_app(
+        pipeline, api_key=args.api_key, max_body_bytes=args.max_body_bytes, show_paths=args.show_paths
+    )
     with _finishing_background_work(pipeline):
         _serve(app, args, sock, args.port, workers=args.workers)
     return 0
@@ -129,6 +200,12 @@ def _serve(app: Any, args: argparse.Namespace, sock: Any, port: int, *, workers:
     """Run `app` on the socket bound at start-up, with the server flags every command shares."""
     from tokenfront.server.process import run_server
 
+    # What start-up loaded lives as long as the process. Frozen, the collector never walks it again: a full
+    # collection over it holds the interpreter for a tenth of a second and more (/health waiting), and is set off
+    # by any large request (docs/robustness.md#work-off-the-event-loop); pre-forked children keep sharing its
+    # pages too.
+    gc.collect()
+    gc.freeze()
     run_server(
         app,
         host=args.host,
@@ -138,7 +215,15 @@ def _serve(app: Any, args: argparse.Namespace, sock: Any, port: int, *, workers:
         log_format=args.log_format,
         workers=workers,
         shutdown_timeout=args.shutdown_timeout,
+        connection_limits=_connection_limits(args),
         sock=sock,
+    )
+
+
+def _connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    """The connection flags every server shares, as `ConnectionLimits` (each flag is named for its field)."""
+    return ConnectionLimits(
+        **{field.name: getattr(args, field.name) for field in dataclasses.fields(ConnectionLimits)}
     )
 
 
@@ -154,9 +239,12 @@ def _finishing_background_work(pipeline: Any) -> Iterator[None]:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    if args.engine == "simulated":
+        return _run_serve_simulated(args)
     from tokenfront.server.process import bind_socket
 
     _check_render_options(args)
+    _check_no_simulated_options(args)
     _check_model_folder(args.model)
     _apply_limits(args)
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
@@ -180,8 +268,8 @@ def _run_serve(args: argparse.Namespace) -> int:
             model_path,
             device=args.device,
             tokens_per_block=args.tokens_per_block,
-            kv_cache_max_tokens=args.kv_cache_max_tokens,
-            max_batch_size=args.max_batch_size,
+            kv_cache_max_tokens=_given_or(args.kv_cache_max_tokens, _TRANSFORMERS_KV_CACHE_MAX_TOKENS),
+            max_batch_size=_given_or(args.max_batch_size, _TRANSFORMERS_MAX_BATCH_SIZE),
         )
     except (FileNotFoundError, NotImplementedError, ValueError) as exc:
         raise TokenfrontError(f"cannot load the model: {exc}") from exc
@@ -193,9 +281,160 @@ def _run_serve(args: argparse.Namespace) -> int:
         engine.info.device,
         engine.info.tokens_per_block,
     )
-    app = create_worker_app(pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    app = create_worker_app(
+        pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes, show_paths=args.show_paths
+    )
     _serve(app, args, sock, args.port)
     return 0
+
+
+# The transformers engine's defaults for the engine flags the simulated engine takes too; the simulated
+# engine's are `SimulatedGpu`'s (a GPU's capacity, not a CPU's).
+_TRANSFORMERS_KV_CACHE_MAX_TOKENS = 32768
+_TRANSFORMERS_MAX_BATCH_SIZE = 8
+
+
+def _given_or(value: Any, default: Any) -> Any:
+    """A flag whose default depends on the engine: its value when given, else `default`."""
+    return default if value is None else value
+
+
+def _run_serve_simulated(args: argparse.Namespace) -> int:
+    """`tokenfront serve --engine simulated`: the worker on a modelled GPU (tokenizer files only, no torch)."""
+    from tokenfront.core.torch_guard import hide_torch
+
+    hide_torch()  # nothing here runs a model: torch stays out, as in the renderer
+    from tokenfront.server.process import bind_socket
+
+    gpu = _check_simulated_options(args)
+    _apply_limits(args)
+    sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
+    from tokenfront.core.render import RenderPipeline
+    from tokenfront.worker.app import create_worker_app
+    from tokenfront.worker.engines.simulated import SimulatedEngine
+
+    pipeline = RenderPipeline.load(options_from_args(args))  # as the renderer builds it: the same fingerprint
+    engine = SimulatedEngine.for_pipeline(gpu, pipeline)
+    log.info(
+        "worker ready: model %s, fingerprint %s, engine simulated (a modelled GPU, speedup %g), %d tokens per "
+        "block",
+        ", ".join(pipeline.served_model_names),
+        pipeline.fingerprint.digest[:16],
+        gpu.speedup,
+        gpu.tokens_per_block,
+    )
+    app = create_worker_app(
+        pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes, show_paths=args.show_paths
+    )
+    _serve(app, args, sock, args.port)
+    return 0
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    """`tokenfront simulate`: --workers simulated workers in this process, on one event loop, one port each."""
+    from tokenfront.core.torch_guard import hide_torch
+
+    hide_torch()
+    gpu = _check_simulated_options(args)
+    _apply_limits(args)
+    sockets = _bind_fleet_ports(args.host, args.port, args.workers)  # before loading anything
+    from tokenfront.core.render import RenderPipeline
+    from tokenfront.server.fleet import run_fleet
+    from tokenfront.worker.app import create_worker_app
+    from tokenfront.worker.engines.simulated import SimulatedEngine, output_token_pool
+
+    # One pipeline and one output pool for every worker: they all render alike (the same fingerprint).
+    pipeline = RenderPipeline.load(options_from_args(args))
+    pool = output_token_pool(pipeline)
+    apps = [
+        create_worker_app(
+            pipeline,
+            SimulatedEngine.for_pipeline(gpu, pipeline, output_token_ids=pool),
+            api_key=args.api_key,
+            max_body_bytes=args.max_body_bytes,
+            show_paths=args.show_paths,
+        )
+        for _ in sockets
+    ]
+    if args.log_level != "debug":  # a line per worker engine starting would bury the fleet's own lines
+        logging.getLogger("tokenfront.worker.app").setLevel(logging.WARNING)
+    log.info(
+        "simulated fleet: %d workers, model %s, fingerprint %s, speedup %g",
+        len(apps),
+        ", ".join(pipeline.served_model_names),
+        pipeline.fingerprint.digest[:16],
+        gpu.speedup,
+    )
+
+    def ready(urls: list[str]) -> None:
+        print("\n".join(urls), flush=True)  # stdout: one base URL a line, for scripts
+        log.info("simulated fleet ready: %d workers, %s to %s", len(urls), urls[0], urls[-1])
+
+    run_fleet(
+        apps,
+        sockets,
+        host=args.host,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        shutdown_timeout=args.shutdown_timeout,
+        connection_limits=_connection_limits(args),
+        on_ready=ready,
+    )
+    return 0
+
+
+def _bind_fleet_ports(host: str, port: int, workers: int) -> list[Any]:
+    """One bound socket per simulated worker: `port`, `port` + 1, ... (any free ports for port 0)."""
+    from tokenfront.server.process import bind_socket
+
+    if port and port + workers - 1 > 65535:
+        raise TokenfrontError(
+            f"--port {port} with --workers {workers} needs ports up to {port + workers - 1}; TCP ports end at "
+            "65535: give a lower --port or fewer --workers"
+        )
+    sockets: list[Any] = []
+    try:
+        for index in range(workers):
+            sockets.append(bind_socket(host, port + index if port else 0))
+    except TokenfrontError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _check_simulated_options(args: argparse.Namespace) -> Any:
+    """The start-up mistakes of a simulated worker or fleet, each one line; returns its `SimulatedGpu`."""
+    from tokenfront.worker.engines.simulated import SimulatedGpu
+
+    _check_render_options(args)
+    if args.tool_call_parser is not None:
+        raise TokenfrontError(
+            f"--tool-call-parser {args.tool_call_parser}: the simulated engine runs no grammar, which the worker "
+            "builds for it at start-up (a named tool_choice); leave it out here, and out of the router in front "
+            "(it is part of the rendering fingerprint)"
+        )
+    settings = {name: getattr(args, f"sim_{name}") for name in _simulated_gpu_flags()}
+    settings = {name: value for name, value in settings.items() if value is not None}
+    settings["tokens_per_block"] = args.tokens_per_block
+    if args.kv_cache_max_tokens is not None:
+        settings["kv_cache_tokens"] = args.kv_cache_max_tokens
+    if args.max_batch_size is not None:
+        settings["max_batch_size"] = args.max_batch_size
+    try:
+        return SimulatedGpu(**settings)
+    except ValueError as exc:
+        raise TokenfrontError(f"the simulated GPU: {exc}") from exc
+
+
+def _check_no_simulated_options(args: argparse.Namespace) -> None:
+    """The `--sim-*` flags set the simulated engine: given with the transformers engine, they are a mistake."""
+    for name in _simulated_gpu_flags():
+        if getattr(args, f"sim_{name}") is not None:
+            flag = "--sim-" + name.replace("_", "-")
+            raise TokenfrontError(
+                f"{flag} sets the simulated engine: add --engine simulated, or leave it out"
+            )
 
 
 def _run_route(args: argparse.Namespace) -> int:
@@ -208,10 +447,12 @@ def _run_route(args: argparse.Namespace) -> int:
     _apply_limits(args)
     _check_workers(args.worker)
     _check_api_key(args.worker_api_key, "--worker-api-key", "TOKENFRONT_WORKER_API_KEY")
+    _check_admin_api_key(args)
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     port = int(sock.getsockname()[1])
     from tokenfront.core.render import RenderPipeline
     from tokenfront.router.app import RouterSettings, create_router_app
+    from tokenfront.router.worker_allow import WorkerAllowList
     from tokenfront.router.workers import PoolSettings
 
     # The router polls every worker's /health, /server_info and KV events: httpx's per-request INFO lines
@@ -237,10 +478,15 @@ def _run_route(args: argparse.Namespace) -> int:
             kv_events_interval=args.kv_events_interval,
             connect_timeout=args.connect_timeout,
             request_timeout=args.request_timeout,
+            first_byte_timeout=args.first_byte_timeout,
+            idle_timeout=args.idle_timeout,
+            max_response_bytes=args.max_response_bytes,
             max_connections=args.max_connections_per_worker,
             worker_api_key=args.worker_api_key,
         ),
         listen=(args.host, port),
+        worker_allow=WorkerAllowList.of(args.worker_allow) if args.worker_allow else None,
+        max_workers=args.max_workers,
     )
     if pipeline is not None:
         log.info(
@@ -253,7 +499,14 @@ def _run_route(args: argparse.Namespace) -> int:
         log.info(
             "router without a model: it routes by load only and never forwards ids; policy %s", args.policy
         )
-    app = create_router_app(pipeline, settings, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    app = create_router_app(
+        pipeline,
+        settings,
+        api_key=args.api_key,
+        admin_api_key=args.admin_api_key,
+        max_body_bytes=args.max_body_bytes,
+        show_paths=args.show_paths,
+    )
     with _finishing_background_work(pipeline):
         _serve(app, args, sock, port)
     return 0
@@ -339,6 +592,20 @@ def _check_api_key(key: str | None, option: str, env: str) -> None:
         )
 
 
+def _check_admin_api_key(args: argparse.Namespace) -> None:
+    """The router's admin key: a key a client can send (`_check_api_key`), and a key of its own. The client key
+    would let every client change the fleet; the worker key is sent to every worker, so a worker could."""
+    key = args.admin_api_key
+    _check_api_key(key, "--admin-api-key", "TOKENFRONT_ADMIN_API_KEY")
+    for option, other in (("--api-key", args.api_key), ("--worker-api-key", args.worker_api_key)):
+        if key is not None and key == other:
+            raise TokenfrontError(
+                f"--admin-api-key is the same key as {option}: give the admin API a key of its own (the admin "
+                "key changes the fleet; every client holds the --api-key, every worker receives the "
+                "--worker-api-key)"
+            )
+
+
 def _check_workers(specs: Sequence[Any]) -> None:
     """Each --worker once: the same URL twice (however spelled: a trailing `/`, the default port, case) is a
     mistake."""
@@ -350,6 +617,15 @@ def _check_workers(specs: Sequence[Any]) -> None:
         if url in seen:
             raise TokenfrontError(f"--worker {url} is given twice: name each worker once")
         seen.add(url)
+
+
+def _worker_allow_entry(text: str) -> object:
+    from tokenfront.router.worker_allow import parse_entry
+
+    try:
+        return parse_entry(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _worker_spec(text: str) -> object:
@@ -451,7 +727,29 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "--request-timeout",
         type=_positive_float,
         default=600.0,
-        help="seconds a worker may take to answer (or between two chunks of a stream) (default: 600)",
+        help="seconds a worker may take for a whole (non-streaming) answer; it sends its head only once the "
+        "answer is generated (default: 600)",
+    )
+    group.add_argument(
+        "--first-byte-timeout",
+        type=_positive_float,
+        default=120.0,
+        help="seconds a worker may take for a stream's head and first event (its queue and prefill); past it "
+        "the request is retried on another worker (default: 120)",
+    )
+    group.add_argument(
+        "--idle-timeout",
+        type=_positive_float,
+        default=60.0,
+        help="seconds a worker may stay silent once it answered (between two pieces of a body or stream); "
+        "a stream then ends with an error event and [DONE] (default: 60)",
+    )
+    group.add_argument(
+        "--max-response-bytes",
+        type=_positive_int,
+        default=64 * 1024 * 1024,
+        help="largest worker answer (or stream) relayed; beyond it the router stops reading and answers 502 or "
+        "an error event (default: 67108864, 64 MiB)",
     )
     group.add_argument(
         "--max-connections-per-worker",
@@ -464,28 +762,73 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("TOKENFRONT_WORKER_API_KEY"),
         help="sent to workers as `Authorization: Bearer KEY` (default: $TOKENFRONT_WORKER_API_KEY)",
     )
+    admin = parser.add_argument_group("admin API (who may change the fleet)")
+    admin.add_argument(
+        "--admin-api-key",
+        default=os.environ.get("TOKENFRONT_ADMIN_API_KEY"),
+        metavar="KEY",
+        help="the key of POST and DELETE /workers, as `Authorization: Bearer KEY`; without it they are off "
+        "(403 admin_api_disabled). The client key (--api-key) never opens them; this key also opens the "
+        "client routes. Must differ from --api-key and --worker-api-key (default: $TOKENFRONT_ADMIN_API_KEY)",
+    )
+    admin.add_argument(
+        "--worker-allow",
+        action="append",
+        default=[],
+        type=_worker_allow_entry,
+        metavar="CIDR|HOST",
+        help="where workers may be (repeat for each): a network (10.0.0.0/8, one address) or a host name; a "
+        "--worker or POST /workers URL, and its kv-events endpoint, must name an allowed host or resolve "
+        "only into allowed networks (else refused: a start-up error, a 403). Without it any address is "
+        "taken: the admin is trusted (default: none)",
+    )
+    admin.add_argument(
+        "--max-workers",
+        type=_positive_int,
+        default=4096,
+        metavar="N",
+        help="workers in the pool at most, --worker ones included; POST /workers to a full pool is a 409 "
+        "worker_pool_full (default: 4096)",
+    )
 
 
-def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_engine_arguments(parser: argparse.ArgumentParser, *, simulated_only: bool = False) -> None:
+    """The engine flags of `serve` (both engines) or, with `simulated_only`, of `simulate`."""
+    from tokenfront.worker.engines.simulated import SimulatedGpu
+
     group = parser.add_argument_group("engine")
+    if not simulated_only:
+        group.add_argument(
+            "--engine",
+            choices=["transformers", "simulated"],
+            default="transformers",
+            help="what runs the requests: transformers (the checkpoint's model with PyTorch; needs weights) or "
+            "simulated (a modelled GPU worker: tokenizer files only, no torch; the --sim-* flags set its model, "
+            "docs/simulation.md) (default: transformers)",
+        )
     group.add_argument(
         "--tokens-per-block",
         type=_positive_int,
         default=16,
         help="prefix KV cache block size in tokens, published for routers (default: 16)",
     )
+    kv_default = f"{SimulatedGpu.kv_cache_tokens}"
+    batch_default = f"{SimulatedGpu.max_batch_size}"
+    if not simulated_only:
+        kv_default = f"{_TRANSFORMERS_KV_CACHE_MAX_TOKENS}; {kv_default} with --engine simulated"
+        batch_default = f"{_TRANSFORMERS_MAX_BATCH_SIZE}; {batch_default} with --engine simulated"
     group.add_argument(
         "--kv-cache-max-tokens",
         type=_non_negative_int,
-        default=32768,
+        default=None,
         help="tokens the prefix KV cache may hold; least recently used blocks are evicted (0: off; "
-        "default: 32768)",
+        f"default: {kv_default})",
     )
     group.add_argument(
         "--max-batch-size",
         type=_positive_int,
-        default=8,
-        help="sequences decoded together at most (default: 8)",
+        default=None,
+        help=f"sequences decoded together at most (default: {batch_default})",
     )
     group.add_argument(
         "--max-sequences-per-request",
@@ -503,12 +846,68 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokens one request may hold in the engine: n x (prompt + max_tokens), summed over its prompts "
         f"(default: {DEFAULT_MAX_TOKENS_PER_REQUEST})",
     )
-    group.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        default="auto",
-        help="where the model runs (auto: CUDA when present, else CPU)",
+    if not simulated_only:
+        group.add_argument(
+            "--device",
+            choices=["auto", "cpu", "cuda"],
+            default="auto",
+            help="where the model runs, --engine transformers (auto: CUDA when present, else CPU)",
+        )
+    _add_simulated_gpu_arguments(parser, simulated_only=simulated_only)
+
+
+def _simulated_gpu_flags() -> dict[str, tuple[Any, str]]:
+    """The `--sim-NAME` flags: `SimulatedGpu.NAME`, its type and what it sets (the defaults are SimulatedGpu's)."""
+    return {
+        "prefill_tokens_per_second": (_positive_float, "prompt tokens a second through the weights"),
+        "attention_seconds_per_token_pair": (
+            _non_negative_float,
+            "prefill attention: seconds per (query, key) pair of the causal prompt",
+        ),
+        "prefill_overhead_seconds": (_non_negative_float, "the fixed cost of a step that prefills"),
+        "decode_step_seconds": (_non_negative_float, "the fixed cost of a decode step (reading the weights)"),
+        "decode_seconds_per_sequence": (
+            _non_negative_float,
+            "a decode step's cost per sequence in the batch",
+        ),
+        "decode_seconds_per_kv_token": (
+            _non_negative_float,
+            "a decode step's cost per token of context the batch reads",
+        ),
+        "prefill_chunk_tokens": (_positive_int, "prompt tokens prefilled per step at most (chunked prefill)"),
+        "max_running_tokens": (
+            _positive_int,
+            "KV tokens the running sequences may reserve, prompt + max_tokens each; a request that does not "
+            "fit waits (one larger than all of it runs alone)",
+        ),
+        "max_context_tokens": (
+            _positive_int,
+            "the modelled context length; longer prompts are a 400 (default: the checkpoint's, as vLLM "
+            "derives its max_model_len)",
+        ),
+        "speedup": (_positive_float, "run the clock this many times faster than the modelled GPU"),
+        "seed": (_non_negative_int, "seed of the output ids (the same on every worker: the same answers)"),
+    }
+
+
+def _add_simulated_gpu_arguments(parser: argparse.ArgumentParser, *, simulated_only: bool) -> None:
+    from tokenfront.worker.engines.simulated import SimulatedGpu
+
+    title = "simulated GPU" if simulated_only else "simulated GPU (with --engine simulated)"
+    group = parser.add_argument_group(
+        title,
+        "the modelled GPU worker; the defaults model Llama-3.1-8B on one H100 (docs/simulation.md says why)",
     )
+    for name, (parse, text) in _simulated_gpu_flags().items():
+        default = getattr(SimulatedGpu, name)
+        group.add_argument(
+            "--sim-" + name.replace("_", "-"),
+            dest=f"sim_{name}",
+            type=parse,
+            default=None,
+            metavar="N" if parse in (_positive_int, _non_negative_int) else "X",
+            help=text + ("" if default is None else f" (default: {default:g})"),
+        )
 
 
 def _port(text: str) -> int:
@@ -664,12 +1063,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the model: an OpenAI-compatible worker that also accepts rendered token ids",
         description="Serve POST /v1/chat/completions and /v1/completions (streaming or not; chat accepts "
         "prompt_token_ids, completions accept id prompts), GET /kv_cache_events, and the common routes. "
-        "The render routes are mounted too when TOKENFRONT_ENABLE_RENDER_ENDPOINTS=1.",
+        "The render routes are mounted too when TOKENFRONT_ENABLE_RENDER_ENDPOINTS=1. With --engine "
+        "simulated a modelled GPU answers instead of the model (tokenizer files only, no torch).",
     )
     add_render_arguments(serve)
     _add_server_arguments(serve, default_port=8000)
     _add_engine_arguments(serve)
     serve.set_defaults(handler=_run_serve)
+
+    simulate = commands.add_parser(
+        "simulate",
+        help="a fleet of simulated GPU workers in one process, each the real worker API on its own port",
+        description="Start --workers workers as `tokenfront serve --engine simulated` runs one (a modelled "
+        "GPU behind the real worker routes: tokenizer files only, no torch), all in this process on one event "
+        "loop, sharing one rendering pipeline; worker i listens on --port + i. Once every worker listens, "
+        "their base URLs are printed on stdout, one a line. docs/simulation.md",
+    )
+    add_render_arguments(simulate)
+    _add_server_arguments(simulate, default_port=9000)
+    simulate._option_string_actions["--port"].help = (
+        "the first worker's port: worker i listens on PORT + i (0: each on any free port); all are bound "
+        "before anything loads (default: 9000)"
+    )
+    simulate.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="simulated workers, each its own app, engine and prefix cache on its own port (default: 8)",
+    )
+    _add_engine_arguments(simulate, simulated_only=True)
+    simulate.set_defaults(handler=_run_simulate)
 
     route = commands.add_parser(
         "route",

@@ -25,6 +25,16 @@ from tokenfront.core.errors import RenderError
 # Messages (chat, /tokenize, Anthropic) or input items (Responses) in one request. Each costs validation,
 # normalization and template work before the prompt's length can refuse it.
 MAX_MESSAGES = 4096
+# Tools in one request (chat, /tokenize, Anthropic, Responses). Each costs validation and template work before
+# the prompt's length can refuse it, and validating a tool list is one call that holds the interpreter (100,000
+# tools: over a second in which no other thread, the event loop's included, runs). 4096 tools are some 400k
+# prompt tokens, more than any context holds; OpenAI takes 128, vLLM any number.
+MAX_TOOLS = 4096
+# The characters of one request's stop strings, summed: they become one automaton (core/output/stop_strings.py)
+# whose size and build time grow with them; at this bound about 2.5 MB, built in 10-35 ms (so a server builds
+# it where the request is, even on the event loop). OpenAI takes 4 stop strings, vLLM any number; no real use
+# comes near this.
+MAX_STOP_CHARACTERS = 16_384
 # vLLM's request models take a seed in the 64-bit signed range; the engine seeds choice i with seed + i.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 # top_p below this keeps the most likely token only, as any top_p below that token's probability (at least
@@ -41,12 +51,33 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
 
+def _at_most(value: Any, limit: int, items: str, advice: str) -> Any:
+    if isinstance(value, list) and len(value) > limit:
+        raise ValueError(
+            f"{len(value)} {items} are more than this server accepts in one request ({limit}): {advice}"
+        )
+    return value
+
+
 def check_message_count(value: Any, field: str = "messages") -> Any:
     """A 400 for more than `MAX_MESSAGES` items, checked before the items are validated (a before-validator)."""
-    if isinstance(value, list) and len(value) > MAX_MESSAGES:
+    return _at_most(value, MAX_MESSAGES, field, "shorten the conversation")
+
+
+def check_tool_count(value: Any) -> Any:
+    """A 400 for more than `MAX_TOOLS` tools, checked before the tools are validated (a before-validator)."""
+    return _at_most(value, MAX_TOOLS, "tools", "send the tools this conversation may call")
+
+
+def check_stop_strings(value: Any) -> Any:
+    """A 400 for stop strings of more than `MAX_STOP_CHARACTERS` characters in all, checked before the strings
+    are validated (a before-validator)."""
+    strings = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    total = sum(len(s) for s in strings if isinstance(s, str))
+    if total > MAX_STOP_CHARACTERS:
         raise ValueError(
-            f"{len(value)} {field} are more than this server accepts in one request ({MAX_MESSAGES}): "
-            "shorten the conversation"
+            f"the stop strings add up to {total:,} characters ({len(strings):,} strings); at most "
+            f"{MAX_STOP_CHARACTERS:,} are accepted: send fewer or shorter ones"
         )
     return value
 
@@ -177,6 +208,11 @@ class _GenerationFields(_Strict):
     def _seed_in_range(cls, value: Any) -> Any:
         return check_seed(value)
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings_bounded(cls, value: Any) -> Any:
+        return check_stop_strings(value)
+
     @field_validator("truncate_prompt_tokens")
     @classmethod
     def _positive_or_minus_one(cls, value: int | None) -> int | None:
@@ -205,6 +241,11 @@ class ChatCompletionRequest(_GenerationFields):
     @classmethod
     def _not_too_many(cls, value: Any) -> Any:
         return check_message_count(value)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _not_too_many_tools(cls, value: Any) -> Any:
+        return check_tool_count(value)
 
     @property
     def named_tool(self) -> str | None:
@@ -344,6 +385,11 @@ class TokenizeRequest(_Strict):
     @classmethod
     def _not_too_many(cls, value: Any) -> Any:
         return check_message_count(value)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _not_too_many_tools(cls, value: Any) -> Any:
+        return check_tool_count(value)
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> TokenizeRequest:
@@ -540,6 +586,11 @@ class AnthropicMessagesRequest(_Strict):
     def _not_too_many(cls, value: Any) -> Any:
         return check_message_count(value)
 
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _not_too_many_tools(cls, value: Any) -> Any:
+        return check_tool_count(value)
+
     @field_validator("system")
     @classmethod
     def _no_tool_changes_in_system_field(
@@ -604,3 +655,8 @@ class ResponsesRequest(_Strict):
     @classmethod
     def _not_too_many(cls, value: Any) -> Any:
         return check_message_count(value, "input items")
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _not_too_many_tools(cls, value: Any) -> Any:
+        return check_tool_count(value)

@@ -193,8 +193,9 @@ def test_round_trip_through_json(qwen3_pipeline: RenderPipeline) -> None:
 
 def test_two_renderer_processes_publish_the_same_digest(qwen3: Path, tmp_path: Path, server_factory) -> None:
     moved = _copy(qwen3, tmp_path / "moved-qwen")
-    first = server_factory("render", "--model", str(qwen3))
-    second = server_factory("render", "--model", str(moved), "--served-model-name", "other")
+    # --show-paths: the paths are on /server_info, to show they differ while the digest does not.
+    first = server_factory("render", "--model", str(qwen3), "--show-paths")
+    second = server_factory("render", "--model", str(moved), "--served-model-name", "other", "--show-paths")
     a = httpx.get(f"{first.url}/server_info").json()["render_fingerprint"]
     b = httpx.get(f"{second.url}/server_info").json()["render_fingerprint"]
     assert a["digest"] == b["digest"] and a["complete"] and b["complete"]

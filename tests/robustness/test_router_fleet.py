@@ -3,7 +3,8 @@
 Invalid worker URLs are a 400 that names the problem and never enter the pool; the same worker under another
 spelling is a 409 naming the entry; the router itself (or a router routing back to it) is refused; a worker is
 healthy only when `/health` answers 200, when it takes the router's `--worker-api-key`, and when it serves the
-router's model name. The admin API needs the router's `--api-key` when one is set.
+router's model name. The admin API needs the router's `--api-key` when one is set, and its writes the
+`--admin-api-key` (tests/router/test_admin_auth.py has the rest of who may change the fleet).
 
 The router test helpers (Fleet, PlainOpenAIServer, ...) are `tests/router/conftest.py`'s, loaded by path: a
 bare `from conftest import` here would find whichever conftest pytest loaded last.
@@ -55,6 +56,7 @@ def _router_helpers() -> ModuleType:
 
 helpers = _router_helpers()
 WORKER_HEADER = helpers.WORKER_HEADER
+ADMIN = helpers.ADMIN
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,7 @@ def tiny_random() -> Path:
 @pytest.fixture(scope="module")
 def router(fleet: Any) -> Any:
     """A router without a model (it starts in a second) and without workers: the admin API's subject."""
-    return fleet.start(*helpers.router_command(None, []))
+    return fleet.start(*helpers.router_command(None, [], "--admin-api-key", helpers.ADMIN_KEY))
 
 
 def _port(url: str) -> int:
@@ -140,7 +142,7 @@ INVALID_URLS = [
 def test_router_refuses_invalid_worker_urls(router: Any) -> None:
     assert len(INVALID_URLS) == 26
     refused = []
-    with httpx.Client(base_url=router.url, timeout=30.0) as client:
+    with httpx.Client(base_url=router.url, timeout=30.0, headers=ADMIN) as client:
         for url, problem in INVALID_URLS:
             # json.dumps escapes a lone surrogate as JSON allows (httpx's json= would refuse to encode it).
             body = json.dumps({"url": url})
@@ -184,7 +186,7 @@ def test_router_refuses_the_same_worker_under_another_spelling(router: Any, plai
         f"  http://127.0.0.1:{port}  ",
         f"http://localhost.:{port}",
     ]
-    with httpx.Client(base_url=router.url, timeout=30.0) as client:
+    with httpx.Client(base_url=router.url, timeout=30.0, headers=ADMIN) as client:
         added = client.post("/workers", json={"url": plain.url})
         assert added.status_code == 201 and added.json()["state"] == "healthy", added.text
         conflicts = 0
@@ -312,10 +314,10 @@ def test_router_refuses_itself_and_a_router_routing_back(fleet: Any, router: Any
         f"http://0.0.0.0:{port}",
     ]
     forwarder = _Forwarder(port)
-    other = fleet.start(*helpers.router_command(None, []))
+    other = fleet.start(*helpers.router_command(None, [], "--admin-api-key", helpers.ADMIN_KEY))
     refused = 0
     try:
-        with httpx.Client(base_url=router.url, timeout=30.0) as client:
+        with httpx.Client(base_url=router.url, timeout=30.0, headers=ADMIN) as client:
             for url in own_spellings:
                 response = client.post("/workers", json={"url": url})
                 assert response.status_code == 400, (url, response.text)
@@ -330,7 +332,7 @@ def test_router_refuses_itself_and_a_router_routing_back(fleet: Any, router: Any
             assert forwarder.connections <= 4  # the check's own connections, nothing fanned out
             refused += 1
             # Another router that has this one among its workers: adding it here would be a loop.
-            with httpx.Client(base_url=other.url, timeout=30.0) as other_client:
+            with httpx.Client(base_url=other.url, timeout=30.0, headers=ADMIN) as other_client:
                 added = other_client.post("/workers", json={"url": router.url})
                 assert added.status_code == 201 and added.json()["state"] == "healthy", added.text
                 assert added.json()["router_id"] == client.get("/server_info").json()["router_id"]
@@ -400,7 +402,7 @@ def _free_port() -> int:
 def test_router_worker_is_healthy_only_on_health_200(router: Any, plain_servers: Any) -> None:
     missing_health = plain_servers(health_status=404)
     good = plain_servers()
-    with httpx.Client(base_url=router.url, timeout=30.0) as client:
+    with httpx.Client(base_url=router.url, timeout=30.0, headers=ADMIN) as client:
         for server in (missing_health, good):
             assert client.post("/workers", json={"url": server.url}).status_code == 201
         item = _listed(client)[missing_health.url]
@@ -530,7 +532,9 @@ ROUTER_KEY = "router-secret"
 
 def test_router_admin_api_needs_the_key(fleet: Any, plain_servers: Any) -> None:
     plain = plain_servers()
-    router = fleet.start(*helpers.router_command(None, []), "--api-key", ROUTER_KEY)
+    router = fleet.start(
+        *helpers.router_command(None, []), "--api-key", ROUTER_KEY, "--admin-api-key", helpers.ADMIN_KEY
+    )
     calls = [
         ("GET", "/workers", {}),
         ("POST", "/workers", {"json": {"url": plain.url}}),
@@ -555,9 +559,17 @@ def test_router_admin_api_needs_the_key(fleet: Any, plain_servers: Any) -> None:
         assert _listed_with(client, {}) == 401 and plain.url not in _workers(client)
         assert client.get("/health").status_code == 200  # load balancers probe it without a key
         key = {"authorization": f"bearer {ROUTER_KEY}"}
-        assert client.post("/workers", json={"url": plain.url}, headers=key).status_code == 201
         assert client.get("/workers", headers=key).status_code == 200
-        assert client.delete("/workers", params={"url": plain.url}, headers=key).status_code == 200
+        # The client key reads the fleet; changing it takes the admin key.
+        for response in (
+            client.post("/workers", json={"url": plain.url}, headers=key),
+            client.delete("/workers", params={"url": plain.url}, headers=key),
+        ):
+            assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_admin_api_key"
+        admin = {"authorization": f"bearer {helpers.ADMIN_KEY}"}
+        assert client.post("/workers", json={"url": plain.url}, headers=admin).status_code == 201
+        assert client.get("/workers", headers=admin).status_code == 200
+        assert client.delete("/workers", params={"url": plain.url}, headers=admin).status_code == 200
 
 
 def _listed_with(client: httpx.Client, headers: dict[str, str]) -> int:

@@ -31,6 +31,9 @@ WORKER_HEADER = "x-tokenfront-worker"
 FORWARDED_HEADER = "x-tokenfront-forwarded"
 GATE_WARNING = "not forwarding token ids"
 GATE_RESUMED = "forwarding token ids again"
+# The admin key of routers whose tests add or remove workers (`--admin-api-key`), and the header that sends it.
+ADMIN_KEY = "test-admin-key"
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def _root_conftest(config: pytest.Config) -> Any:
@@ -157,8 +160,9 @@ class PlainOpenAIServer:
     """A minimal OpenAI-compatible HTTP server on loopback (a thread in the test process).
 
     It answers `/v1/chat/completions` and `/v1/completions` with a fixed reply and records every body it
-    received; `/health` answers 200. `/server_info` is a 404, as on vLLM or any other server — unless
-    `server_info` is given, in which case it answers that (a stand-in publishing a chosen fingerprint).
+    received, and every request (`requests`: method, path, Authorization header); `/health` answers 200.
+    `/server_info` is a 404, as on vLLM or any other server — unless `server_info` is given, in which case it
+    answers that (a stand-in publishing a chosen fingerprint).
     `POST /tokenize` is a 404 too — unless `tokenize` is given: it gets each body (recorded in
     `tokenize_bodies`) and returns the status and payload to answer (a stand-in for vLLM's `/tokenize`).
     `health_status` is what `/health` answers; `models`, when given, is listed by `GET /v1/models` (a 404
@@ -175,6 +179,7 @@ class PlainOpenAIServer:
         generate_status: int = 400,
     ) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str, str | None]] = []
         # What POST /inference/v1/generate answers: 400 (the route is there, the body is not a request; as
         # vLLM with --enable-scale-out answers the router's check), or 403/404 (the route is not there).
         self.generate_status = generate_status
@@ -191,7 +196,11 @@ class PlainOpenAIServer:
             def log_message(self, *args: Any) -> None:  # keep pytest's output clean
                 pass
 
+            def _record(self) -> None:
+                owner.requests.append((self.command, self.path, self.headers.get("authorization")))
+
             def do_GET(self) -> None:
+                self._record()
                 if self.path == "/health":
                     self._json(owner.health_status, {"status": "ok"})
                 elif self.path == "/v1/models" and owner.models is not None:
@@ -204,6 +213,7 @@ class PlainOpenAIServer:
                     self._json(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:
+                self._record()
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
                 if self.path == "/tokenize" and owner.tokenize is not None:
                     owner.tokenize_bodies.append(body)

@@ -410,3 +410,265 @@ def test_vllm_batch_decoding_tolerates_extras_and_refuses_garbage() -> None:
         decode_vllm_batch(msgpack.packb({"hello": "world"}))
     with pytest.raises(ValueError, match="block_size"):
         decode_vllm_batch(msgpack.packb([1.0, [["BlockStored", [1], None, [1, 2]]]]))
+
+
+# --- one structure for the whole fleet --------------------------------------------------------------------
+
+
+class ReferenceIndex:
+    """The index's rules the plain way, one dict per worker and no cap: what the fleet structure must say.
+
+    A block held by a worker has the locations events confirmed it at and when it was last routed there."""
+
+    def __init__(self, ttl: float, clock: Clock) -> None:
+        self.ttl, self.clock = ttl, clock
+        self.views: dict[str, dict[int, tuple[frozenset, float | None]]] = {}
+        self.with_events: set[str] = set()
+
+    def record(self, worker: str, hashes: list[int]) -> None:
+        view = self.views.setdefault(worker, {})
+        for block in hashes:
+            view[block] = (view.get(block, (frozenset(), None))[0], self.clock.now)
+
+    def store(self, worker: str, hashes: list[int], location: tuple) -> None:
+        view = self.views.setdefault(worker, {})
+        for block in hashes:
+            locations, routed = view.get(block, (frozenset(), None))
+            view[block] = (locations | {location}, routed)
+
+    def remove(self, worker: str, hashes: list[int], location: tuple) -> None:
+        view = self.views.get(worker, {})
+        for block in hashes:
+            if block in view:
+                locations = view[block][0] - {location}
+                if locations:
+                    view[block] = (locations, view[block][1])
+                else:
+                    del view[block]
+
+    def clear(self, worker: str, rank: int) -> None:
+        view = self.views.get(worker, {})
+        for block, (locations, routed) in list(view.items()):
+            kept = frozenset(location for location in locations if location[0] != rank)
+            if kept:
+                view[block] = (kept, routed)
+            else:
+                del view[block]
+
+    def match(self, worker: str, hashes: list[int]) -> int:
+        view = self.views.get(worker, {})
+        matched = 0
+        for block in hashes:
+            locations, routed = view.get(block, (frozenset(), None))
+            fresh = routed is not None and (
+                worker not in self.with_events or self.clock.now - routed < self.ttl
+            )
+            if not locations and not fresh:
+                break
+            matched += 1
+        return matched
+
+
+def fleet_prompts(rng: random.Random) -> list[list[int]]:
+    """Prompts that share openings (two system prompts) and then branch, so blocks have several holders."""
+    systems = [prompt(10_000, 8), prompt(20_000, 12)]
+    branches = [prompt(1000 * (i + 1), 4 * rng.randrange(1, 5)) for i in range(12)]
+    return [rng.choice(systems) + branch + rng.choice(branches)[:4] for branch in branches]
+
+
+@pytest.mark.parametrize(("ttl", "incremental_moves"), [(5.0, False), (1e9, False), (5.0, True)])
+def test_the_fleet_structure_agrees_with_one_dict_per_worker(
+    ttl: float, incremental_moves: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random routed guesses, stored and removed events at several locations, clears, resets, forgets and
+    time passing, for 6 workers: every worker's match of every prompt is the reference's, after every step
+    (also while the table's slots move to larger arrays a few at a time, as a large table's do)."""
+    from tokenfront.router import block_table
+    from tokenfront.router.fleet_blocks import Removed, Stored
+
+    if incremental_moves:
+        monkeypatch.setattr(block_table, "_MOVE_AT_ONCE", 0)
+        monkeypatch.setattr(block_table, "_MOVE_STEP", 4)
+
+    rng = random.Random(f"fleet-{ttl}")
+    clock = Clock()
+    index, reference = KvIndex(routed_ttl_s=ttl, clock=clock), ReferenceIndex(ttl, clock)
+    workers = [f"http://w{i}:8000" for i in range(6)]
+    prompts = [block_hashes(ids, TPB) for ids in fleet_prompts(rng)]
+    locations = [(0, "GPU", 0), (0, "CPU", 0), (1, "GPU", 0)]
+    compared = nonzero = 0
+    for _ in range(1000):
+        worker, hashes = rng.choice(workers), rng.choice(prompts)
+        cut = rng.randrange(1, len(hashes) + 1)
+        action = rng.random()
+        if action < 0.3:
+            index.record_routed_hashes(worker, hashes[:cut])
+            reference.record(worker, hashes[:cut])
+        elif action < 0.55:
+            start, location = rng.randrange(cut), rng.choice(locations)
+            parent = hashes[start - 1] if start else None
+            index.mark_has_events(worker)
+            reference.with_events.add(worker)
+            index.apply(worker, [Stored(hashes[start:cut], parent, location)])
+            reference.store(worker, hashes[start:cut], location)
+        elif action < 0.75:
+            gone, location = rng.sample(hashes, rng.randrange(1, 4)), rng.choice(locations)
+            index.apply(worker, [Removed(gone, location)])
+            reference.remove(worker, gone, location)
+        elif action < 0.8:
+            rank = rng.randrange(2)
+            index.clear(worker, rank=rank)
+            reference.clear(worker, rank)
+        elif action < 0.83:
+            index.reset(worker)
+            reference.views.pop(worker, None)
+        elif action < 0.85:
+            index.forget(worker)
+            reference.views.pop(worker, None)
+            reference.with_events.discard(worker)
+        else:
+            clock.now += rng.choice([1.0, 3.0, 6.0])
+        probe = rng.choice(prompts)
+        matched = index.matched_blocks(workers, probe).tolist()
+        expected = [reference.match(w, probe) for w in workers]
+        assert matched == expected
+        assert [index.match_hashes(w, probe) for w in workers] == expected
+        compared += len(workers)
+        nonzero += sum(1 for m in expected if m)
+        stats = index.stats()["workers"]
+        for w in workers:
+            view = reference.views.get(w, {})
+            confirmed = sum(1 for locations, _ in view.values() if locations)
+            assert stats.get(w, {"confirmed_blocks": 0})["confirmed_blocks"] == confirmed
+            if ttl > 1e6:  # nothing expires: every guess the reference holds is held
+                assert stats.get(w, {"blocks": 0})["blocks"] == len(view)
+    assert compared == 6000 and nonzero > 800
+    assert index.stats()["shared_blocks"] > 0  # some blocks had several holders along the way
+
+
+def test_one_walk_answers_for_a_thousand_workers() -> None:
+    index = KvIndex()
+    system = prompt(50_000, 32)
+    workers = [f"http://w{i}:8000" for i in range(1000)]
+    for i, worker in enumerate(workers):
+        index.record_routed(worker, system + prompt(100 * i, 4 * (i % 5)), TPB, None)
+    query = system + prompt(100 * 7, 20)
+    matched = index.matched_blocks([*workers, "http://unknown:8000"], block_hashes(query, TPB)).tolist()
+    expected = [8] * 1000 + [0]  # the system prompt's 8 blocks everywhere, nothing for an unknown worker
+    expected[7] = 10  # and worker 7 holds the first 2 blocks of the question too
+    assert matched == expected
+    stats = index.stats()
+    assert (stats["shared_blocks"], stats["distinct_blocks"]) == (8, 8 + sum(i % 5 for i in range(1000)))
+
+
+def test_a_block_held_again_by_one_worker_goes_back_to_one_holder() -> None:
+    index, log_a, log_b = KvIndex(), KvEventLog(), KvEventLog()
+    ids = prompt(0, 8)
+    log_store(log_a, ids)
+    log_store(log_b, ids)
+    index.apply_tokenfront_events(W, log_a.read(0))
+    index.apply_tokenfront_events(OTHER, log_b.read(0))
+    assert index.stats()["shared_blocks"] == 2
+    index.forget(OTHER)
+    assert index.stats()["shared_blocks"] == 0 and index.stats()["distinct_blocks"] == 2
+    assert index.match(W, ids, TPB, None) == 2 and index.stats()["workers"][W]["confirmed_blocks"] == 2
+    index.forget(W)
+    assert index.stats()["distinct_blocks"] == 0
+
+
+def test_a_vllm_worker_and_a_tokenfront_worker_share_one_row_per_block() -> None:
+    index, log = KvIndex(), KvEventLog()
+    ids = prompt(300, 12)
+    index.apply_vllm_batch(W, batch(stored_array(vllm_chain(ids), None, ids)))
+    log_store(log, ids)
+    index.apply_tokenfront_events(OTHER, log.read(0))
+    stats = index.stats()
+    assert (stats["distinct_blocks"], stats["shared_blocks"]) == (3, 3)
+    assert index.matched_blocks([W, OTHER], block_hashes(ids, TPB)).tolist() == [3, 3]
+
+
+def test_a_page_of_events_is_applied_in_order() -> None:
+    """A page is applied as one change; for each block the last event about it decides."""
+    index, log = KvIndex(), KvEventLog()
+    first, second = prompt(0, 8), prompt(100, 8)
+    hashes = log_store(log, first)
+    log.removed(hashes[1:])
+    log_store(log, second)
+    log.removed(block_hashes(second, TPB))
+    log_store(log, second)  # stored, removed, stored again: held
+    log_store(log, first, skip=1)  # the removed block is back on top of the one kept
+    index.apply_tokenfront_events(W, log.read(0))
+    assert index.match(W, first, TPB, None) == 2 and index.match(W, second, TPB, None) == 2
+    assert index.stats()["workers"][W]["events_applied"] == 6
+    assert index.tokenfront_cursor(W) == 6
+
+
+def test_eviction_keeps_a_shared_root_for_every_worker_that_uses_it() -> None:
+    index = KvIndex(max_blocks_per_worker=6)
+    system = prompt(0, 8)
+    for turn in range(10):
+        for worker in (W, OTHER):
+            index.record_routed(worker, system + prompt(1000 * turn + (worker == W) * 500, 8), TPB, None)
+    for worker in (W, OTHER):
+        assert index.stats()["workers"][worker]["blocks"] <= 6
+        assert index.match(worker, system, TPB, None) == 2  # the shared root outlived 18 evicted blocks
+    assert index.match(W, system + prompt(9500, 8), TPB, None) == 4  # the latest turn is whole
+
+
+def test_concurrent_readers_and_writers_keep_the_index_consistent() -> None:
+    import threading
+
+    index = KvIndex(max_blocks_per_worker=64)
+    prompts = [prompt(10_000, 16) + prompt(100 * i, 16) for i in range(20)]
+    errors: list[BaseException] = []
+
+    def route(worker: str, seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(150):
+                ids = rng.choice(prompts)
+                index.matched_blocks([W, OTHER], block_hashes(ids, TPB))
+                index.record_routed(worker, ids, TPB, None)
+                if rng.random() < 0.1:
+                    index.reset(worker)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=route, args=(w, n)) for n, w in enumerate([W, OTHER, W, OTHER])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors and not any(thread.is_alive() for thread in threads)
+    every_block = sorted({block for ids in prompts for block in block_hashes(ids, TPB)})
+    for worker in (W, OTHER):
+        blocks = index.stats()["workers"][worker]["blocks"]
+        # The count kept along the way is the number of blocks the worker is found to hold, one by one.
+        assert 0 < blocks <= 64 and index.holds_many(worker, every_block).count(True) == blocks
+
+
+def test_a_vllm_batch_is_applied_in_order_within_itself() -> None:
+    """Parents named earlier in the same batch resolve; a parent removed or cleared earlier does not."""
+    index = KvIndex()
+    ids, other = prompt(0, 12), prompt(500, 12)
+    foreign, foreign_other = vllm_chain(ids), vllm_chain(other)
+    index.apply_vllm_batch(
+        W,
+        batch(
+            stored_array(foreign[:1], None, ids[:4]),
+            stored_array(foreign[1:], foreign[0], ids[4:]),  # its parent came just before, in this batch
+            stored_array(foreign_other[:2], None, other[:8]),
+            ["BlockRemoved", [foreign_other[1]], "GPU"],
+            stored_array(foreign_other[2:], foreign_other[1], other[8:]),  # its parent is gone: not named
+        ),
+    )
+    assert index.match(W, ids, TPB, None) == 3
+    assert index.match(W, other, TPB, None) == 1
+    assert index.stats()["workers"][W]["blocks"] == 4
+    index.apply_vllm_batch(
+        W, batch(["AllBlocksCleared"], stored_array(foreign_other[1:2], foreign_other[0], other[4:8]))
+    )
+    assert (
+        index.stats()["workers"][W]["blocks"] == 0
+    )  # the parent went with the clear: the child is not named
+    assert index.stats()["workers"][W]["events_applied"] == 7

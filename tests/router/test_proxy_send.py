@@ -436,9 +436,10 @@ async def _worker(exchange: Exchange, hang: bool = False, stream: bool = False) 
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         )
         for index in range(200):
-            await exchange.write(b"%x\r\ndata: %d\n\n\r\n" % (len(b"data: %d\n\n" % index), index))
+            event = b'data: {"i":%d}\n\n' % index
+            await exchange.write(b"%x\r\n%s\r\n" % (len(event), event))
             await asyncio.sleep(0.01)
-        await exchange.write(b"0\r\n\r\n")
+        await exchange.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
     else:
         await exchange.write(answer())
 
@@ -547,8 +548,9 @@ def test_streams_are_relayed_as_they_arrive() -> None:
             sent, response = await _send_stream(proxy, None)
             assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
             bodies = [message["body"] for message in sent[1:]]
-            assert bodies[:2] == [b"data: 0\n\n", b"data: 1\n\n"] and bodies[-1] == b""
-            assert b"".join(bodies) == b"".join(b"data: %d\n\n" % i for i in range(200))
+            assert bodies[:2] == [b'data: {"i":0}\n\n', b'data: {"i":1}\n\n'] and bodies[-1] == b""
+            events = b"".join(b'data: {"i":%d}\n\n' % i for i in range(200))
+            assert b"".join(bodies) == events + b"data: [DONE]\n\n"
             assert response.headers[WORKER_HEADER] == server.url
             assert proxy.pool.workers[server.url].active_requests == 0
             await proxy.pool.stop()
@@ -580,7 +582,10 @@ def test_a_stream_broken_after_its_first_chunk_ends_with_an_error_event() -> Non
     async def main() -> None:
         async def breaking(exchange: Exchange) -> None:
             if exchange.head.startswith(b"POST"):
-                await exchange.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+                first = b"data: {}\n\n"
+                await exchange.write(
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(first), first)
+                )
                 exchange.writer.close()
             else:
                 await _worker(exchange)
@@ -589,7 +594,7 @@ def test_a_stream_broken_after_its_first_chunk_ends_with_an_error_event() -> Non
             proxy = await _proxy(server.url)
             sent, _ = await _send_stream(proxy, None)
             bodies = [message.get("body") for message in sent[1:]]
-            assert bodies[0] == b"first"
+            assert bodies[0] == b"data: {}\n\n"
             assert b"failed while streaming" in bodies[1] and bodies[1].endswith(b"data: [DONE]\n\n")
             assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
             await proxy.pool.stop()

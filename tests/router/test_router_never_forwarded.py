@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Fleet, chat, forwarded, metric, router_command
+from conftest import ADMIN, ADMIN_KEY, Fleet, chat, forwarded, metric, router_command
 
 pytestmark = pytest.mark.slow  # real server processes
 
@@ -98,13 +98,13 @@ def test_router_never_forwards_for_kimi_k3(
     model_type: str, fleet: Fleet, tiny_random: Path, plain_servers: Any, tmp_path: Path
 ) -> None:
     checkpoint = tiny_random if model_type == "llama" else _kimi_checkpoint(tiny_random, tmp_path / "kimi")
-    router = fleet.start(*router_command(checkpoint, []))
+    router = fleet.start(*router_command(checkpoint, [], "--admin-api-key", ADMIN_KEY))
     # No kimi_k3 worker can run here (transformers has no such model), so a stand-in worker publishes the
     # router's own fingerprint: the gate opens, and only the model family can keep the ids back.
     fingerprint = httpx.get(f"{router.url}/server_info").json()["render_fingerprint"]
     stand_in = plain_servers({"role": "worker", "model": "stand-in", "render_fingerprint": fingerprint})
     with httpx.Client(base_url=router.url, timeout=120.0) as client:
-        added = client.post("/workers", json={"url": stand_in.url})
+        added = client.post("/workers", json={"url": stand_in.url}, headers=ADMIN)
         assert added.status_code == 201 and added.json()["fingerprint_matches"] is True
         assert client.get("/workers").json()["gate"]["forwarding"] is True
 

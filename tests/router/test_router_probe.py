@@ -23,7 +23,16 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import GATE_WARNING, Fleet, PlainOpenAIServer, log_lines, router_command, wait_until
+from conftest import (
+    ADMIN,
+    ADMIN_KEY,
+    GATE_WARNING,
+    Fleet,
+    PlainOpenAIServer,
+    log_lines,
+    router_command,
+    wait_until,
+)
 from tokenfront.core.render import RenderPipeline
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import TokenizeRequest
@@ -219,10 +228,10 @@ def test_router_post_workers_takes_protocol_and_verify(
 ) -> None:
     good: PlainOpenAIServer = plain_servers(tokenize=_via_renderer(renderer.url))
     bad: PlainOpenAIServer = plain_servers(tokenize=_via_renderer(renderer.url, perturb="tool_history"))
-    router = fleet.start(*router_command(qwen3, []))
+    router = fleet.start(*router_command(qwen3, [], "--admin-api-key", ADMIN_KEY))
     compared = len(PROBE_CASES) - len(Prober(pipeline).expected().skipped)
 
-    with httpx.Client(base_url=router.url, timeout=60.0) as client:
+    with httpx.Client(base_url=router.url, timeout=60.0, headers=ADMIN) as client:
         added = client.post("/workers", json={"url": good.url, "protocol": "generate", "verify": "probe"})
         assert added.status_code == 201, added.text
         body = added.json()

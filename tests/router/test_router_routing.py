@@ -19,6 +19,8 @@ import httpx
 import pytest
 
 from conftest import (
+    ADMIN,
+    ADMIN_KEY,
     GATE_RESUMED,
     GATE_WARNING,
     WORKER_HEADER,
@@ -46,7 +48,8 @@ def workers(fleet: Fleet, tiny_random: Path) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def router(fleet: Fleet, tiny_random: Path, workers: list[Any]) -> Any:
-    return fleet.start(*router_command(tiny_random, [worker.url for worker in workers]))
+    urls = [worker.url for worker in workers]
+    return fleet.start(*router_command(tiny_random, urls, "--admin-api-key", ADMIN_KEY))
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +117,7 @@ def test_router_gate_follows_a_worker_with_another_template(
     )
     assert log_lines(router, GATE_WARNING) == []
 
-    added = client.post("/workers", json={"url": other.url})
+    added = client.post("/workers", json={"url": other.url}, headers=ADMIN)
     assert added.status_code == 201, added.text
     assert added.json()["state"] == "healthy"
     assert added.json()["fingerprint_matches"] is False
@@ -156,7 +159,7 @@ def test_router_gate_follows_a_worker_with_another_template(
     assert len(log_lines(router, GATE_WARNING)) == 1, "more requests must not log the warning again"
 
     # The worker leaves: forwarding resumes, logged once.
-    removed = client.delete("/workers", params={"url": other.url})
+    removed = client.delete("/workers", params={"url": other.url}, headers=ADMIN)
     assert removed.status_code == 200, removed.text
     assert removed.json()["gate"]["forwarding"] is True
     assert wait_until(lambda: len(log_lines(router, GATE_RESUMED)) == 1)
@@ -235,11 +238,11 @@ def test_router_errors_are_openai_shaped(client: httpx.Client, workers: list[Any
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
     assert too_long.headers[WORKER_HEADER] in {worker.url for worker in workers}
 
-    duplicate = client.post("/workers", json={"url": workers[0].url + "/"})
+    duplicate = client.post("/workers", json={"url": workers[0].url + "/"}, headers=ADMIN)
     assert duplicate.status_code == 409 and duplicate.json()["error"]["code"] == "worker_exists"
-    assert client.post("/workers", json={"url": "ftp://example"}).status_code == 400
-    assert client.post("/workers", json={"url": workers[0].url, "extra": 1}).status_code == 400
-    missing = client.delete("/workers", params={"url": "http://127.0.0.1:9"})
+    assert client.post("/workers", json={"url": "ftp://example"}, headers=ADMIN).status_code == 400
+    assert client.post("/workers", json={"url": workers[0].url, "extra": 1}, headers=ADMIN).status_code == 400
+    missing = client.delete("/workers", params={"url": "http://127.0.0.1:9"}, headers=ADMIN)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "worker_not_found"
 
 

@@ -24,9 +24,14 @@ from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 
 
 def create_renderer_app(
-    pipeline: RenderPipeline, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    pipeline: RenderPipeline,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    show_paths: bool = False,
 ) -> FastAPI:
-    """The renderer: the render routes plus the common routes, with role `renderer`."""
+    """The renderer: the render routes plus the common routes, with role `renderer` (`show_paths`: the
+    checkpoint's paths on `/server_info`)."""
     app = create_app(
         role="renderer",
         title="tokenfront renderer",
@@ -34,6 +39,7 @@ def create_renderer_app(
         model_names=lambda: pipeline.served_model_names,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
+        show_paths=show_paths,
     )
     app.state.pipeline = pipeline
     app.include_router(render_router())

@@ -7,8 +7,8 @@
 - `POST /v1/completions/derender`: the same for completions (`generate_responses`, one per prompt).
 
 The ids are read by the output core (`core.output.ChoiceParser`), the one implementation the worker uses
-too. The answers carry every field of vLLM's pydantic dumps, in its order, so a client of vLLM's derender
-reads tokenfront's unchanged. `stream_state` is tokenfront's own carried state (the parser's `state()` and
+too, where renders run (`server.render_thread`): a large output off the event loop. The answers carry every
+field of vLLM's pydantic dumps, in its order, so a client of vLLM's derender reads tokenfront's unchanged. `stream_state` is tokenfront's own carried state (the parser's `state()` and
 whether the role was sent), not vLLM's replay buffer: a client passes it back without reading it.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
@@ -30,12 +30,17 @@ from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute
 from tokenfront.server.models import check_model
-from tokenfront.server.responses import JSONBytesResponse
+from tokenfront.server.render_thread import render_off_loop
+from tokenfront.server.responses import JSONBytesResponse, dumps
 
 __all__ = ["derender_router"]
 
 # The prompt ids that seed the detokenizer and decide where reasoning starts (a marker is a few ids).
 _PROMPT_TAIL = 8
+_Body = TypeVar("_Body", "ChatDerenderRequest", "CompletionDerenderRequest")
+# Bodies up to this size are read on the event loop when the pipeline is free (a stream's chunk of a few ids);
+# reading costs tens of microseconds an id, so a larger output goes to the render thread.
+_INLINE_BYTES = 4 * 1024
 
 
 # -- vLLM's request schemas -----------------------------------------------------------------------------------
@@ -511,6 +516,11 @@ def _reader(raw: Request) -> _Reader:
     return reader
 
 
+def _encoded(derender: Callable[[_Reader, _Body], dict[str, Any]], reader: _Reader, body: _Body) -> bytes:
+    """The answer of `derender`, as JSON: both run where the output is read (a million ids take seconds)."""
+    return dumps(derender(reader, body))
+
+
 def derender_router() -> APIRouter:
     """The derender routes; they read ids with the pipeline on `app.state.pipeline`."""
     router = APIRouter(tags=["derender"], route_class=LeanRoute)
@@ -521,7 +531,10 @@ def derender_router() -> APIRouter:
     )
     async def derender_chat_route(request: ChatDerenderRequest, raw: Request) -> Response:
         reader = _reader(raw)
-        answer = _stream_chat(reader, request) if request.stream else derender_chat(reader, request)
+        derender = _stream_chat if request.stream else derender_chat
+        answer = await render_off_loop(
+            raw, request, _encoded, derender, reader, request, inline_bytes=_INLINE_BYTES
+        )
         return JSONBytesResponse(answer)
 
     @router.post(
@@ -530,8 +543,9 @@ def derender_router() -> APIRouter:
     )
     async def derender_completion_route(request: CompletionDerenderRequest, raw: Request) -> Response:
         reader = _reader(raw)
-        answer = (
-            _stream_completion(reader, request) if request.stream else derender_completion(reader, request)
+        derender = _stream_completion if request.stream else derender_completion
+        answer = await render_off_loop(
+            raw, request, _encoded, derender, reader, request, inline_bytes=_INLINE_BYTES
         )
         return JSONBytesResponse(answer)
 

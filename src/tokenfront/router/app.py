@@ -33,12 +33,14 @@ from tokenfront.router.policies import build_policy
 from tokenfront.router.probe import Prober
 from tokenfront.router.proxy import Proxy, RouterMetrics
 from tokenfront.router.routes import (
+    ADMIN_PATHS,
     inference_router,
     render_unavailable_router,
     router_info,
     served_model_names,
     workers_router,
 )
+from tokenfront.router.worker_allow import WorkerAllowList
 from tokenfront.router.workers import (
     LOOP_CODE,
     VIA_HEADER,
@@ -47,6 +49,7 @@ from tokenfront.router.workers import (
     WorkerSpec,
     worker_identity,
 )
+from tokenfront.server.admin_auth import AdminAccess
 from tokenfront.server.app import create_app
 from tokenfront.server.errors import error_response
 from tokenfront.server.inspector import inspector_router
@@ -72,6 +75,10 @@ class RouterSettings:
     # Where the router listens (`--host`, `--port`): a `--worker` naming it is refused at start-up. A router
     # without it still finds itself, at the first health check after it listens (VIA_HEADER).
     listen: tuple[str, int] | None = None
+    # Where workers may be (`--worker-allow`; None: anywhere, the admin is trusted), and how many at most
+    # (`--max-workers`), for `--worker` and `POST /workers` alike.
+    worker_allow: WorkerAllowList | None = None
+    max_workers: int = 4096
 
 
 def create_router_app(
@@ -79,12 +86,16 @@ def create_router_app(
     settings: RouterSettings,
     *,
     api_key: str | None = None,
+    admin_api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    show_paths: bool = False,
 ) -> FastAPI:
     """The router: proxied inference routes, render routes, `/workers`, and the common routes (role router).
 
     `pipeline` None is a router without a tokenizer: it routes by load only and never forwards ids.
-    TokenfrontError (one line) when two `settings.workers` are one worker, or one is the router itself.
+    `admin_api_key` opens the admin writes (`POST`/`DELETE /workers`); None: they are off.
+    TokenfrontError (one line) when two `settings.workers` are one worker, one is the router itself, one is
+    outside `settings.worker_allow`, or there are more than `settings.max_workers`.
     """
     kv_index = KvIndex()
     policy = build_policy(
@@ -113,6 +124,7 @@ def create_router_app(
     if settings.listen is not None:
         pool.note_own_address(*settings.listen)
     check_worker_specs(pool, settings.workers)
+    check_worker_admission(settings)
     server_metrics = ServerMetrics()
     metrics = RouterMetrics(server_metrics.registry)
     pool.on_change = lambda: _reevaluate(pool, gate, metrics)
@@ -132,6 +144,8 @@ def create_router_app(
         api_key=api_key,
         max_body_bytes=max_body_bytes,
         metrics=server_metrics,
+        admin=AdminAccess(ADMIN_PATHS, admin_api_key),
+        show_paths=show_paths,
     )
     app.state.pipeline = pipeline
     app.state.pool = pool
@@ -139,6 +153,8 @@ def create_router_app(
     app.state.policy_name = settings.policy
     app.state.proxy = proxy
     app.state.router_id = router_id
+    app.state.worker_allow = settings.worker_allow
+    app.state.max_workers = settings.max_workers
     app.include_router(inference_router())
     app.include_router(workers_router())
     app.include_router(render_router() if pipeline is not None else render_unavailable_router())
@@ -168,6 +184,22 @@ def check_worker_specs(pool: WorkerPool, specs: Sequence[WorkerSpec]) -> None:
                 f"--worker {spec.url} is this router itself (it listens on {own}): a router cannot be its own "
                 "worker"
             )
+
+
+def check_worker_admission(settings: RouterSettings) -> None:
+    """TokenfrontError (one line) when the configured workers are more than `--max-workers`, or one of them
+    (or its KV event endpoint) is outside `--worker-allow`. Resolves names: called at start-up."""
+    if len(settings.workers) > settings.max_workers:
+        raise TokenfrontError(
+            f"{len(settings.workers)} --worker given, more than --max-workers {settings.max_workers}"
+        )
+    if settings.worker_allow is None:
+        return
+    for spec in settings.workers:
+        endpoints = (("kv-events", spec.kv_events), ("kv-replay", spec.kv_replay))
+        refusal = settings.worker_allow.refusal(spec.url, endpoints)
+        if refusal is not None:
+            raise TokenfrontError(f"--worker {spec.url}: {refusal[1]}")
 
 
 class LoopGuard:

@@ -6,7 +6,12 @@ not installed); aiohttp about 60 µs; this pool about 20 µs. It does only what 
 one write, read the answer (Content-Length, chunked, or until close; 1xx skipped) whole or piece by piece as
 it arrives, pause reading while the client is behind, close the connection when a request is abandoned (the
 worker then stops generating), and reuse it otherwise. Errors are `WorkerTransportError`s named after
-httpx's, so the proxy tells connection failures from worker answers the same way.
+httpx's, so the proxy tells connection failures from worker answers the same way; `BadAnswer` and
+`AnswerTooLarge` are the worker's answer breaking HTTP or the route's contract, or going over a limit.
+
+Every wait is bounded: the head of an answer by the `head_timeout` the caller gives (`post`), each further read
+by the time given to it (by default the pool's `idle_timeout`), and a whole body (`WorkerResponse.read`) also
+by a deadline and a size.
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ class ReadError(WorkerTransportError):
 
 
 class ReadTimeout(WorkerTransportError):
-    """Nothing arrived for `--request-timeout` seconds."""
+    """The answer, or its next piece, did not arrive in time (`--first-byte-timeout`, `--idle-timeout`,
+    `--request-timeout`)."""
 
 
 class WriteError(WorkerTransportError):
@@ -62,7 +68,7 @@ class WriteError(WorkerTransportError):
 
 
 class WriteTimeout(WorkerTransportError):
-    """The worker took no bytes of the request for `--request-timeout` seconds."""
+    """The worker took no bytes of the request for `--idle-timeout` seconds."""
 
 
 class PoolTimeout(WorkerTransportError):
@@ -71,6 +77,23 @@ class PoolTimeout(WorkerTransportError):
 
 class RemoteProtocolError(WorkerTransportError):
     """The worker closed the connection without a complete answer, or answered something that is not HTTP."""
+
+
+class BadAnswer(RemoteProtocolError):
+    """The worker answered something that is not HTTP/1.x, or not what the route answers (a body that is not a
+    JSON object of the route's shape, an event stream that is not one): a broken worker, not a lost one."""
+
+
+class AnswerTooLarge(WorkerTransportError):
+    """The answer went over a limit (`--max-response-bytes`, or a stream's event budget); reading stopped.
+
+    `worker_fault`: the worker sent more than the request allows (more events than its tokens can make), as
+    opposed to an answer that may be right but is larger than the router relays.
+    """
+
+    def __init__(self, message: str, *, worker_fault: bool) -> None:
+        super().__init__(message)
+        self.worker_fault = worker_fault
 
 
 # Where a connection is in the exchange of one request and its answer.
@@ -175,20 +198,22 @@ class _Connection(asyncio.Protocol):
             await self._wait(timeout, WriteTimeout)
 
     async def read_head(self, timeout: float) -> tuple[int, dict[str, str]]:
-        """The answer's status and headers (names in lower case; repeated ones joined with ", ")."""
+        """The answer's status and headers (names in lower case; repeated ones joined with ", "), within
+        `timeout` seconds in all (a head trickling in byte by byte is no longer)."""
         buffer = self._buffer
+        deadline = self.loop.time() + timeout
         while True:
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(buffer) > _MAX_HEAD_BYTES:
-                    raise RemoteProtocolError(f"the answer's head is over {_MAX_HEAD_BYTES} bytes")
-                await self._more(timeout, "the worker closed the connection without answering")
+                    raise BadAnswer(f"the answer's head is over {_MAX_HEAD_BYTES} bytes")
+                await self._more(deadline, "the worker closed the connection without answering")
                 continue
             head = bytes(buffer[:end])
             del buffer[: end + 4]
             status, version, headers = _parse_head(head)
             if status == 101:
-                raise RemoteProtocolError("the worker switched protocols")
+                raise BadAnswer("the worker switched protocols")
             if status >= 200:
                 self._frame(status, version, headers)
                 return status, headers
@@ -211,7 +236,7 @@ class _Connection(asyncio.Protocol):
             values = {value.strip() for value in length.split(",")}
             value = values.pop() if len(values) == 1 else ""
             if not value.isdigit():
-                raise RemoteProtocolError(f"the answer's Content-Length is {length!r}")
+                raise BadAnswer(f"the answer's Content-Length is {length!r}")
             self._remaining = int(value)
             self._state = _LENGTH if self._remaining else _DONE
         else:
@@ -219,8 +244,10 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = keep_alive and self._state != _UNTIL_CLOSE
 
     async def read_body(self, timeout: float) -> bytes | None:
-        """The next piece of the body as it arrived (de-chunked, never empty), or None at its end."""
+        """The next piece of the body as it arrived (de-chunked, never empty), or None at its end, within
+        `timeout` seconds."""
         buffer = self._buffer
+        deadline = self.loop.time() + timeout
         while True:
             state = self._state
             if state in (_LENGTH, _CHUNK_DATA):
@@ -230,29 +257,35 @@ class _Connection(asyncio.Protocol):
                     if not self._remaining:
                         self._state = _DONE if state == _LENGTH else _CHUNK_END
                     return data
-                await self._more(timeout, "the worker closed the connection before the end of its answer")
+                await self._more(deadline, "the worker closed the connection before the end of its answer")
             elif state == _CHUNK_SIZE:
                 line = self._line()
                 if line is None:
-                    await self._more(timeout, "the worker closed the connection before the end of its answer")
+                    await self._more(
+                        deadline, "the worker closed the connection before the end of its answer"
+                    )
                     continue
                 size = line.split(b";", 1)[0].strip(b" \t")
                 if not _HEX.fullmatch(size):
-                    raise RemoteProtocolError(f"bad chunk size line {line[:80]!r}")
+                    raise BadAnswer(f"bad chunk size line {line[:80]!r}")
                 self._remaining = int(size, 16)
                 self._state = _CHUNK_DATA if self._remaining else _TRAILERS
             elif state == _CHUNK_END:
                 if len(buffer) < 2:
-                    await self._more(timeout, "the worker closed the connection before the end of its answer")
+                    await self._more(
+                        deadline, "the worker closed the connection before the end of its answer"
+                    )
                     continue
                 if buffer[:2] != b"\r\n":
-                    raise RemoteProtocolError("a chunk of the answer does not end with CRLF")
+                    raise BadAnswer("a chunk of the answer does not end with CRLF")
                 del buffer[:2]
                 self._state = _CHUNK_SIZE
             elif state == _TRAILERS:
                 line = self._line()
                 if line is None:
-                    await self._more(timeout, "the worker closed the connection before the end of its answer")
+                    await self._more(
+                        deadline, "the worker closed the connection before the end of its answer"
+                    )
                 elif not line:
                     self._state = _DONE
             elif state == _UNTIL_CLOSE:
@@ -263,7 +296,7 @@ class _Connection(asyncio.Protocol):
                         raise ReadError(_lost(self._error))
                     self._state = _DONE
                 else:
-                    await self._wait(timeout, ReadTimeout)
+                    await self._wait(deadline - self.loop.time(), ReadTimeout)
             else:
                 return None
 
@@ -278,7 +311,7 @@ class _Connection(asyncio.Protocol):
         end = buffer.find(b"\r\n")
         if end < 0:
             if len(buffer) > _MAX_LINE_BYTES:
-                raise RemoteProtocolError(f"a line of the answer is over {_MAX_LINE_BYTES} bytes")
+                raise BadAnswer(f"a line of the answer is over {_MAX_LINE_BYTES} bytes")
             return None
         line = bytes(buffer[:end])
         del buffer[: end + 2]
@@ -297,8 +330,9 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return data
 
-    async def _more(self, timeout: float, closed: str) -> None:
-        """Wait for more bytes; `closed` is the error's message when none can come any more."""
+    async def _more(self, deadline: float, closed: str) -> None:
+        """Wait for more bytes until `deadline` (loop time); `closed` is the error's message when none can come
+        any more."""
         if self._eof:
             if self._error is not None:
                 raise ReadError(_lost(self._error))
@@ -306,7 +340,7 @@ class _Connection(asyncio.Protocol):
         if self._reading_paused and self.transport is not None:  # the reader needs more than the buffer holds
             self._reading_paused = False
             self.transport.resume_reading()
-        await self._wait(timeout, ReadTimeout)
+        await self._wait(deadline - self.loop.time(), ReadTimeout)
 
     async def _wait(self, timeout: float, error: type[WorkerTransportError]) -> None:
         waiter = self.loop.create_future()
@@ -324,12 +358,12 @@ def _parse_head(head: bytes) -> tuple[int, bytes, dict[str, str]]:
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     if len(parts) < 2 or parts[0] not in (b"HTTP/1.1", b"HTTP/1.0") or not _is_status(parts[1]):
-        raise RemoteProtocolError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
+        raise BadAnswer(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon or not _TOKEN.fullmatch(name):
-            raise RemoteProtocolError(f"malformed header line in the answer: {line[:80]!r}")
+            raise BadAnswer(f"malformed header line in the answer: {line[:80]!r}")
         key = name.decode("ascii").lower()
         text = value.strip(b" \t").decode("latin-1")
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
@@ -356,38 +390,69 @@ def _lost(exc: BaseException | None) -> str:
 class WorkerResponse:
     """A worker's answer: status and headers, then the body, whole (`read`) or piece by piece (`next_chunk`).
 
+    `sent_at` is when the request was written (the loop's clock): the caller's deadlines count from there.
     `close()` gives the connection back for the next request once the body was read to its end, and closes
     it otherwise (an abandoned request: the worker sees its client leave and stops). Always call it.
     """
 
-    __slots__ = ("_closed", "_connection", "_done", "_pool", "headers", "status_code")
+    __slots__ = ("_closed", "_connection", "_done", "_pool", "headers", "sent_at", "status_code")
 
     def __init__(
-        self, pool: WorkerConnections, connection: _Connection, status: int, headers: dict[str, str]
+        self,
+        pool: WorkerConnections,
+        connection: _Connection,
+        status: int,
+        headers: dict[str, str],
+        sent_at: float,
     ) -> None:
         self.status_code = status
         self.headers = headers  # names in lower case
+        self.sent_at = sent_at
         self._pool = pool
         self._connection = connection
         self._done = False
         self._closed = False
 
-    async def next_chunk(self) -> bytes | None:
-        """The next piece of the body as it arrived (de-chunked, never empty), or None at its end."""
+    async def next_chunk(self, timeout: float | None = None) -> bytes | None:
+        """The next piece of the body as it arrived (de-chunked, never empty), or None at its end; ReadTimeout
+        when nothing arrives for `timeout` seconds (default: the pool's `idle_timeout`)."""
         if self._done:
             return None
-        data = await self._connection.read_body(self._pool.timeout)
+        data = await self._connection.read_body(self._pool.idle_timeout if timeout is None else timeout)
         if data is None:
             self._done = True
             self.close()
         return data
 
-    async def read(self) -> bytes:
-        """The whole body."""
-        parts = []
-        while (chunk := await self.next_chunk()) is not None:
+    async def read(self, *, limit: int | None = None, deadline: float | None = None) -> bytes:
+        """The whole body: at most `limit` bytes (AnswerTooLarge beyond, and nothing more is read), each piece
+        within the pool's `idle_timeout` and the whole by `deadline` (the loop's clock; ReadTimeout else)."""
+        length = self.headers.get("content-length", "")
+        if limit is not None and length.isdigit() and int(length) > limit:
+            raise AnswerTooLarge(
+                f"answered {length} bytes (Content-Length), over --max-response-bytes ({limit})",
+                worker_fault=False,
+            )
+        idle = self._pool.idle_timeout
+        loop = self._connection.loop
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            timeout = idle if deadline is None else min(idle, deadline - loop.time())
+            try:
+                chunk = await self.next_chunk(timeout)
+            except ReadTimeout:
+                if timeout < idle:
+                    raise ReadTimeout("did not finish its answer within --request-timeout") from None
+                raise ReadTimeout(f"sent nothing for {idle:g} s in its answer (--idle-timeout)") from None
+            if chunk is None:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            size += len(chunk)
+            if limit is not None and size > limit:
+                raise AnswerTooLarge(
+                    f"answered over --max-response-bytes ({limit} bytes)", worker_fault=False
+                )
             parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def close(self) -> None:
         if not self._closed:
@@ -399,8 +464,9 @@ class WorkerConnections:
     """Keep-alive HTTP/1.1 connections to one worker, for the proxied requests.
 
     At most `max_connections` requests at a time (more wait for a free one, up to `timeout`); idle
-    connections are reused most recent first and dropped after `keepalive_expiry` seconds. `timeout` bounds
-    every wait for the worker (a write, each read); `connect_timeout` the opening of a connection.
+    connections are reused most recent first and dropped after `keepalive_expiry` seconds. `connect_timeout`
+    bounds the opening of a connection; `post`'s `head_timeout` (default `timeout`) the wait for an answer's
+    head; `idle_timeout` (default `timeout`) a write and each read of the body after it.
     """
 
     def __init__(
@@ -412,11 +478,13 @@ class WorkerConnections:
         max_connections: int,
         keepalive_expiry: float,
         headers: Mapping[str, str] | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
         parts = urlsplit(url)
         https = parts.scheme == "https"
         self.url = url
         self.timeout = timeout
+        self.idle_timeout = timeout if idle_timeout is None else idle_timeout
         self._host = parts.hostname or "localhost"
         self._port = parts.port or (443 if https else 80)
         self._ssl: ssl.SSLContext | None = httpx.create_ssl_context() if https else None
@@ -435,14 +503,21 @@ class WorkerConnections:
         self._closed = False
 
     async def post(
-        self, path: str, body: bytes, content_type: str = "application/json", *, request_id: str | None = None
+        self,
+        path: str,
+        body: bytes,
+        content_type: str = "application/json",
+        *,
+        request_id: str | None = None,
+        head_timeout: float | None = None,
     ) -> WorkerResponse:
-        """POST `body` to `path` and return once the answer's head arrived; WorkerTransportError on failure.
+        """POST `body` to `path` and return once the answer's head arrived; WorkerTransportError on failure
+        (ReadTimeout when the head took longer than `head_timeout` seconds, default `timeout`).
 
         `request_id` goes as `X-Request-Id` (an id `server.request_ids` accepted: printable ASCII, no spaces).
 
-        A kept-alive connection that fails before any byte of the answer was one the worker had closed
-        meanwhile: the request goes again on a fresh connection.
+        A kept-alive connection that fails before any byte of the answer (other than by a timeout) was one the
+        worker had closed meanwhile: the request goes again on a fresh connection.
         """
         request = b"".join(
             (
@@ -469,14 +544,19 @@ class WorkerConnections:
                 if connection is None:
                     connection = await self._connect()
                 try:
-                    await connection.send(request, self.timeout)
-                    status, headers = await connection.read_head(self.timeout)
-                except WorkerTransportError:
+                    await connection.send(request, self.idle_timeout)
+                    sent_at = connection.loop.time()
+                    status, headers = await connection.read_head(
+                        self.timeout if head_timeout is None else head_timeout
+                    )
+                except WorkerTransportError as exc:
                     connection.close()
-                    if reused and not connection.received:
+                    # A worker that is slow to answer did not close the connection: not sent again.
+                    timed_out = isinstance(exc, (ReadTimeout, WriteTimeout))
+                    if reused and not connection.received and not timed_out:
                         continue
                     raise
-                return WorkerResponse(self, connection, status, headers)
+                return WorkerResponse(self, connection, status, headers, sent_at)
         except BaseException:
             if connection is not None:
                 connection.close()

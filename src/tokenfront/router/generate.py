@@ -5,8 +5,9 @@ A worker added with `protocol=generate` (a `vllm serve` worker, or tokenfront's 
 router rendered, in vLLM 0.33's `GenerateRequest` (`token_ids`, `sampling_params`, `output_mode: "tokens"`),
 and its output ids are read by the output core — the `ChoiceParser` and formatters the worker's own chat and
 completions routes use — so the client gets the answer the worker would have given on its OpenAI route:
-content, reasoning, tool calls, finish reason, logprobs, usage. A stream is derendered chunk by chunk as it
-arrives (`GenerateStream`), never buffered.
+content, reasoning, tool calls, finish reason, logprobs, usage. A stream is derendered event by event as it
+arrives (`GenerateStream`, on `worker_answers.EventReader` and its bounds), never buffered. An answer that is
+not what vLLM's generate route answers is a `BadAnswer`.
 
 The sampling parameters are the request's, else the checkpoint's `generation_config.json` defaults, as
 vLLM 0.33's chat route fills them (`get_diff_sampling_param`: temperature, top_p, top_k, min_p and the
@@ -30,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from tokenfront.core.output import (
     AnswerHead,
@@ -45,9 +46,10 @@ from tokenfront.core.output import (
 )
 from tokenfront.core.render import RenderedPrompt, RenderPipeline
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
-from tokenfront.router.connections import RemoteProtocolError
+from tokenfront.router.connections import BadAnswer
+from tokenfront.router.worker_answers import UNBOUNDED, AnswerBounds, ChunkSource, EventReader
 from tokenfront.server.request_ids import chat_request_id, completion_request_id
-from tokenfront.server.responses import dumps, loads
+from tokenfront.server.responses import dumps
 from tokenfront.server.sse import SSE_DONE, sse_event
 
 __all__ = ["GENERATE_PATH", "GenerateCall", "GenerateStream", "chat_call", "completion_call"]
@@ -121,7 +123,7 @@ class Reading:
         parser = self.parsers.get(index)
         if parser is None:
             if not 0 <= index < self.choices:
-                raise RemoteProtocolError(f"the generate answer has choice {index} of {self.choices}")
+                raise BadAnswer(f"the generate answer has choice {index} of {self.choices}")
             parser = self.parsers[index] = ChoiceParser(self.config, self.pipeline.tokenizer)
         return parser
 
@@ -129,13 +131,13 @@ class Reading:
         """One choice object of a generate answer or chunk: its index, the delta its ids make, the sampled
         tokens (for logprobs) and how many ids it had."""
         if not isinstance(choice, dict):
-            raise RemoteProtocolError("a generate choice is not a JSON object")
+            raise BadAnswer("a generate choice is not a JSON object")
         index = choice.get("index", 0)
         ids = choice.get("token_ids") or []
         if not isinstance(index, int) or not isinstance(ids, list):
-            raise RemoteProtocolError("a generate choice has no integer index or no token_ids list")
+            raise BadAnswer("a generate choice has no integer index or no token_ids list")
         if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self._vocabulary for i in ids):
-            raise RemoteProtocolError("a generate choice has token ids outside the router's vocabulary")
+            raise BadAnswer("a generate choice has token ids outside the router's vocabulary")
         parser = self.parser(index)
         delta = parser.push_ids(ids)
         reason = choice.get("finish_reason")
@@ -151,7 +153,7 @@ class Reading:
     def answer(self, payload: Any) -> bytes:
         """The OpenAI answer of a whole generate answer."""
         if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
-            raise RemoteProtocolError("the generate answer has no choices list")
+            raise BadAnswer("the generate answer has no choices list")
         finished, completion = [], 0
         for choice in payload["choices"]:
             index, delta, sampled, count = self.step(choice)
@@ -181,7 +183,7 @@ def _sampled(ids: list[int], logprobs: Any, top: int) -> list[_Sampled]:
     whatever its rank)."""
     content = logprobs.get("content") if isinstance(logprobs, dict) else None
     if not isinstance(content, list) or len(content) != len(ids):
-        raise RemoteProtocolError("the generate answer's logprobs do not cover its token ids")
+        raise BadAnswer("the generate answer's logprobs do not cover its token ids")
     tokens = []
     for token_id, entry in zip(ids, content, strict=True):
         candidates = entry.get("top_logprobs") if isinstance(entry, dict) else None
@@ -360,10 +362,6 @@ def completion_call(
 # -- streams -------------------------------------------------------------------------------------------------------
 
 
-class _ChunkSource(Protocol):
-    async def next_chunk(self) -> bytes | None: ...
-
-
 class GenerateStream:
     """A generate worker's event stream, read as it arrives and answered as the OpenAI stream of the request.
 
@@ -371,13 +369,15 @@ class GenerateStream:
     proxy relays it as it relays an OpenAI stream. The first call reads the worker's first event before it
     answers (the opening chunk of every choice, and that event's delta): a worker that fails before it is
     retried elsewhere. The stream ends as the worker's OpenAI stream would: the usage chunk when the client
-    asked for it, then `[DONE]`. A worker error event is passed on as it is.
+    asked for it, then `[DONE]`. A worker error event is passed on as it is. The worker's events are read
+    within `bounds` (`sent_at`: when the request was sent).
     """
 
-    def __init__(self, source: _ChunkSource, reading: Reading) -> None:
-        self.source = source
+    def __init__(
+        self, source: ChunkSource, reading: Reading, bounds: AnswerBounds = UNBOUNDED, *, sent_at: float = 0.0
+    ) -> None:
+        self.events = EventReader(source, bounds, sent_at=sent_at)
         self.reading = reading
-        self._buffer = b""
         self._opened = False
         self._ended = False
         self._completion_tokens = 0
@@ -386,44 +386,24 @@ class GenerateStream:
     async def next_chunk(self) -> bytes | None:
         """The next bytes for the client, or None after `[DONE]`."""
         while not self._ended:
-            event = await self._next_event()
-            if event is None:
+            event = await self.events.next_event()
+            if event is None:  # the end of the body without [DONE]: complete if every choice finished
+                if not self._all_finished():
+                    raise BadAnswer("the generate stream ended before every choice finished")
                 return self._end()
-            out = self._answer(event)
+            if event.payload is None:  # [DONE]
+                return self._end()
+            out = self._answer(event.payload)
             if out:
                 return out
+        await self.events.settle()
         return None
-
-    async def _next_event(self) -> bytes | None:
-        """The data of the worker's next event (None: `[DONE]`, or the end of the body)."""
-        while True:
-            end = self._buffer.find(b"\n\n")
-            if end >= 0:
-                event, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
-                data = b"".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
-                if not data:
-                    continue  # a comment or keep-alive
-                return None if data == b"[DONE]" else data
-            chunk = await self.source.next_chunk()
-            if chunk is None:
-                if self._buffer.strip():
-                    raise RemoteProtocolError("the generate stream ended inside an event")
-                if not self._all_finished():
-                    raise RemoteProtocolError("the generate stream ended before every choice finished")
-                return None
-            self._buffer += chunk.replace(b"\r\n", b"\n")
 
     def _all_finished(self) -> bool:
         parsers = self.reading.parsers
         return len(parsers) == self.reading.choices and all(p.finished for p in parsers.values())
 
-    def _answer(self, data: bytes) -> bytes:
-        try:
-            payload = loads(data)
-        except ValueError:
-            raise RemoteProtocolError("a generate stream event is not JSON") from None
-        if not isinstance(payload, dict):
-            raise RemoteProtocolError("a generate stream event is not a JSON object")
+    def _answer(self, payload: dict[str, Any]) -> bytes:
         formatter = self.reading.formatter
         parts = []
         if not self._opened:

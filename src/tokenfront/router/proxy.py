@@ -12,10 +12,21 @@ For each chat or completions request the `Proxy`
    (`router.generate`: the ids to `/inference/v1/generate`, the output ids derendered into the OpenAI
    answer, a stream chunk by chunk), and one the generate path cannot carry as the client sent it;
 4. retries on another worker when the chosen one fails before the client got a byte: a connection error, a
-   timeout, a 5xx answer, or a stream that breaks before its first chunk. A worker whose connection failed is
-   taken out of the active set (the pool re-checks it). Worker 4xx answers are the client's and pass through;
-5. answers with the worker's response — a stream is relayed chunk by chunk as it arrives, never buffered —
+   timeout, a 5xx answer, an answer that is not what the route answers (`worker_answers`: not JSON, no
+   `choices`, not an event stream), or a stream that breaks before its first event. A worker that failed so is
+   taken out of the active set (the pool re-checks it at once, and puts it back when it answers its checks).
+   Worker 4xx answers with a JSON body are the client's and pass through; when every worker failed, the
+   client gets the last failure's error: 503 `no_worker`, 502 `bad_worker_response`, 504 `worker_timeout`;
+5. answers with the worker's response — a stream is relayed event by event as it arrives, never buffered —
    plus `x-tokenfront-worker` (which worker served) and `x-tokenfront-forwarded` (true/false).
+
+Every wait for a worker is bounded (`PoolSettings`): a stream's head and first event by `--first-byte-timeout`
+(the worker's queue and prefill), a whole answer by `--request-timeout` (a worker sends its head only once the
+answer is generated), and every silence after the head by `--idle-timeout`; a whole answer's size by
+`--max-response-bytes`, a stream's by the same bytes and by an event budget from the request's `n` x
+`max_tokens` (x prompts). A stream that fails after the client got its first event (the worker stalls, breaks
+the event format, ends before `[DONE]`, goes over a bound, or its connection breaks) ends with an error event
+and `data: [DONE]`; a whole answer over the size bound is a 502 `worker_response_too_large`, not retried.
 
 Sending is the router's per-request overhead, so it is kept short: the worker's connection comes from its
 `WorkerConnections` pool (a request written in one piece, the answer parsed as it arrives), and the two events
@@ -43,15 +54,19 @@ from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.types import Receive, Scope, Send
 
+from tokenfront.core.context_length import max_model_len
 from tokenfront.core.errors import RenderError
 from tokenfront.core.families import family_for
 from tokenfront.core.reasoning import ReasoningParser
 from tokenfront.core.render import RenderedPrompt, RenderPipeline
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.router.connections import (
-    RemoteProtocolError,
+    AnswerTooLarge,
+    BadAnswer,
+    ReadTimeout,
     WorkerResponse,
     WorkerTransportError,
+    WriteTimeout,
     describe_error,
 )
 from tokenfront.router.gate import ForwardingGate, never_forward_reason
@@ -64,6 +79,14 @@ from tokenfront.router.generate import (
     completion_call,
 )
 from tokenfront.router.policies.base import Policy, RouteRequest, WorkerLoad
+from tokenfront.router.worker_answers import (
+    AnswerBounds,
+    EventReader,
+    RelayedStream,
+    check_answer,
+    parse_answer,
+    stream_event_budget,
+)
 from tokenfront.router.workers import Worker, WorkerPool
 from tokenfront.server.disconnect import client_disconnected_response, wait_for_disconnect
 from tokenfront.server.errors import APIError, error_body
@@ -80,6 +103,10 @@ CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 # Worker response headers a client may care about; hop-by-hop and length headers are the router's own.
 _PASSED_HEADERS = ("content-type", "x-request-id")
+BAD_WORKER_RESPONSE_CODE = "bad_worker_response"
+WORKER_TIMEOUT_CODE = "worker_timeout"
+WORKER_RESPONSE_TOO_LARGE_CODE = "worker_response_too_large"
+NO_WORKER_CODE = "no_worker"
 
 
 class RouterMetrics:
@@ -135,6 +162,7 @@ class Plan:
     raw_body: bytes = b""
     generate: GenerateCall | None = None
     model: str | None = None  # the model the client named: only workers serving it are chosen
+    max_events: int | None = None  # a stream's event budget (`worker_answers.stream_event_budget`)
 
     def call_for(self, worker: Worker) -> _Call:
         """What this worker is sent: the generate call, the body with ids, or the client's body."""
@@ -160,10 +188,13 @@ class _Call:
 
 @dataclass(frozen=True)
 class _Failure:
-    """An attempt that failed before the client saw anything: retry elsewhere."""
+    """An attempt that failed before the client saw anything: retry elsewhere (unless `final`)."""
 
     reason: str
     response: Response | None = None  # a worker's 5xx, answered if every worker fails
+    status: int = 503  # the client's error when this is the last failure
+    code: str = NO_WORKER_CODE
+    final: bool = False  # answered at once, not retried (another worker would answer as much)
 
 
 class Proxy:
@@ -190,6 +221,11 @@ class Proxy:
         self._own_prompt_parser = own if own is not None and own.reads_mode_from_prompt else None
         # The request counter's children by (route, worker, forwarded): `labels()` costs more than `inc()`.
         self._served: dict[tuple[str, str, bool], Any] = {}
+        # What a request without max_tokens may generate at most, for a stream's event budget: the model's
+        # context, when the router has the model's config (None: unknown, only the byte bound holds).
+        checkpoint = pipeline.checkpoint if pipeline else None
+        has_config = checkpoint is not None and checkpoint.model_path is not None and bool(checkpoint.config)
+        self._context_tokens = max_model_len(checkpoint.config) if checkpoint and has_config else None
 
     # -- plans -----------------------------------------------------------------------------------------------
 
@@ -197,31 +233,36 @@ class Proxy:
         """Render a chat request and decide what goes to the worker."""
         self._check_model(request.model)
         stream, salt = bool(request.stream), request.cache_salt
+        budget = self._event_budget(request, request.max_completion_tokens or request.max_tokens, 1)
         if request.prompt_token_ids is not None:
             # The client rendered it: route by its ids, send them as they are.
             target = RouteRequest(list(request.prompt_token_ids), cache_salt=salt)
             return self._unchanged(
-                "chat", CHAT_PATH, raw_body, target, stream, "client_token_ids", request.model
+                "chat", CHAT_PATH, raw_body, target, stream, "client_token_ids", request.model, budget
             )
         rendered = self._render_chat(request)
         if rendered is None:
+            target = RouteRequest(None, salt)
             return self._unchanged(
-                "chat", CHAT_PATH, raw_body, RouteRequest(None, salt), stream, "no_render", request.model
+                "chat", CHAT_PATH, raw_body, target, stream, "no_render", request.model, budget
             )
         target = RouteRequest(rendered.token_ids, cache_salt=salt)
         reason = (
             self._never_forward(request.named_tool is not None, [rendered.prompt_text]) or self._gate_reason()
         )
         if reason is not None:
-            return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, reason, request.model)
+            return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, reason, request.model, budget)
         body = _with_field(raw_body, "prompt_token_ids", rendered.token_ids)
         build = functools.partial(chat_call, request=request, rendered=rendered)
-        return self._forwarded("chat", CHAT_PATH, body, raw_body, target, stream, request.model, build)
+        return self._forwarded(
+            "chat", CHAT_PATH, body, raw_body, target, stream, request.model, build, budget
+        )
 
     def plan_completion(self, request: CompletionRequest, raw_body: bytes) -> Plan:
         """Render a completions request (every prompt) and decide what goes to the worker."""
         self._check_model(request.model)
         stream, salt = bool(request.stream), request.cache_salt
+        budget = self._event_budget(request, request.max_tokens, _prompt_count(request.prompt))
         if self.pipeline is None:
             return self._unchanged(
                 "completion",
@@ -231,6 +272,7 @@ class Proxy:
                 stream,
                 "no_render",
                 request.model,
+                budget,
             )
         items = self.pipeline.render_completion(request)
         target = RouteRequest(items[0].token_ids, cache_salt=salt)
@@ -243,14 +285,24 @@ class Proxy:
             reason = self._never_forward(False, texts) or self._gate_reason()
         if reason is not None:
             return self._unchanged(
-                "completion", COMPLETIONS_PATH, raw_body, target, stream, reason, request.model
+                "completion", COMPLETIONS_PATH, raw_body, target, stream, reason, request.model, budget
             )
         prompt = items[0].token_ids if len(items) == 1 else [item.token_ids for item in items]
         body = _with_field(raw_body, "prompt", prompt)
         build = functools.partial(completion_call, request=request, items=items)
         return self._forwarded(
-            "completion", COMPLETIONS_PATH, body, raw_body, target, stream, request.model, build
+            "completion", COMPLETIONS_PATH, body, raw_body, target, stream, request.model, build, budget
         )
+
+    def _event_budget(
+        self, request: ChatCompletionRequest | CompletionRequest, max_tokens: int | None, prompts: int
+    ) -> int | None:
+        """A stream's event budget: its choices (`n` x prompts) of at most `max_tokens` each, or of the
+        model's context when the request sets no max_tokens (None when that is unknown too)."""
+        if not request.stream:
+            return None
+        tokens = max_tokens if max_tokens is not None else self._context_tokens
+        return stream_event_budget((request.n or 1) * prompts, tokens)
 
     def _forwarded(
         self,
@@ -262,13 +314,25 @@ class Proxy:
         stream: bool,
         model: str | None,
         build: Callable[[RenderPipeline], GenerateCall | None],
+        max_events: int | None,
     ) -> Plan:
         """A plan carrying the router's ids; its generate call is built only when a worker speaks that
         protocol."""
         call = None
         if self.pipeline is not None and any(w.protocol == "generate" for w in self.pool.workers.values()):
             call = build(self.pipeline)
-        return Plan(route, path, body, target, True, stream, raw_body=raw_body, generate=call, model=model)
+        return Plan(
+            route,
+            path,
+            body,
+            target,
+            True,
+            stream,
+            raw_body=raw_body,
+            generate=call,
+            model=model,
+            max_events=max_events,
+        )
 
     def _render_chat(self, request: ChatCompletionRequest) -> RenderedPrompt | None:
         if self.pipeline is None:
@@ -290,9 +354,20 @@ class Proxy:
         stream: bool,
         reason: str,
         model: str | None,
+        max_events: int | None,
     ) -> Plan:
         self.metrics.not_forwarded.labels(reason).inc()
-        return Plan(route, path, body, target, forwarded=False, stream=stream, reason=reason, model=model)
+        return Plan(
+            route,
+            path,
+            body,
+            target,
+            forwarded=False,
+            stream=stream,
+            reason=reason,
+            model=model,
+            max_events=max_events,
+        )
 
     def _gate_reason(self) -> str | None:
         return None if self.gate.state.forwarding else "gate"
@@ -348,6 +423,7 @@ class Proxy:
         tried: set[str] = set()
         failures: list[str] = []
         fallback: Response | None = None
+        last: _Failure | None = None
         while (choice := self._choose(plan, tried)) is not None:
             if interrupt.left:
                 raise _ClientLeft  # while a lost worker's attempt was being given up
@@ -356,8 +432,17 @@ class Proxy:
             outcome = await self._attempt(worker, load, plan, interrupt)
             if isinstance(outcome, Response):
                 return outcome
+            if outcome.final:
+                log.warning("request to %s failed: %s", worker.url, outcome.reason)
+                raise APIError(
+                    outcome.status,
+                    f"the worker {worker.url} {outcome.reason}; nothing of it was relayed",
+                    code=outcome.code,
+                    error_type="server_error",
+                )
             failures.append(f"{worker.url}: {outcome.reason}")
             fallback = outcome.response or fallback
+            last = outcome
             self.metrics.retries.labels(worker.url).inc()
             log.warning(
                 "request to %s failed before any byte was answered (%s); trying another worker",
@@ -366,20 +451,25 @@ class Proxy:
             )
         if fallback is not None:
             return fallback
-        if failures:
-            raise APIError(503, "every worker failed this request: " + "; ".join(failures), code="no_worker")
+        if last is not None:
+            raise APIError(
+                last.status,
+                "every worker failed this request: " + "; ".join(failures),
+                code=last.code,
+                error_type="service_unavailable" if last.status == 503 else "server_error",
+            )
         if plan.model is not None and self.pool.active():
             raise APIError(
                 503,
                 f"no active worker serves the model {plan.model!r}: the workers serve other names (GET /workers "
                 "shows each one's served_model_names)",
-                code="no_worker",
+                code=NO_WORKER_CODE,
             )
         raise APIError(
             503,
             "no worker is available: none is configured or every one is failing its health checks "
             "(GET /workers shows why)",
-            code="no_worker",
+            code=NO_WORKER_CODE,
         )
 
     def _choose(self, plan: Plan, tried: set[str]) -> tuple[Worker, WorkerLoad] | None:
@@ -394,44 +484,60 @@ class Proxy:
         self, worker: Worker, load: WorkerLoad, plan: Plan, interrupt: _Interrupt
     ) -> Response | _Failure:
         """One worker's try: its answer, or why to try another worker. Until the first byte for the client
-        (the whole answer, or a stream's first chunk), a health check finding the worker gone ends the wait."""
+        (the whole answer, or a stream's first event), a health check finding the worker gone ends the wait."""
         worker.active_requests += 1
         worker.routed += 1
         self.policy.on_routed(load, plan.target)
         call = plan.call_for(worker)
         if call.forwarded != plan.forwarded:
             self.metrics.not_forwarded.labels("generate_unsupported").inc()
+        settings = self.pool.settings
+        # A worker sends a stream's head at once (its first event after its queue and prefill), a whole answer's
+        # head only once the answer is generated.
+        head_timeout = settings.first_byte_timeout if plan.stream else settings.request_timeout
         response: WorkerResponse | None = None
         relayed = False
-        stage = "request"
+        stage = "head"
         on_lost = interrupt.worker_lost
         worker.lost_watchers.add(on_lost)
         try:
             # The client's request id goes on: one id finds the request in the router's and the worker's logs.
-            response = await worker.connections.post(call.path, call.body, request_id=current_request_id())
+            response = await worker.connections.post(
+                call.path, call.body, request_id=current_request_id(), head_timeout=head_timeout
+            )
             if plan.stream and response.status_code == 200:
                 stage = "stream"
-                source: _ChunkSource = response
+                bounds = AnswerBounds(
+                    settings.max_response_bytes,
+                    plan.max_events,
+                    settings.first_byte_timeout,
+                    settings.idle_timeout,
+                )
+                source: _ChunkSource
                 if call.reading is not None:
-                    source = GenerateStream(response, call.reading)
+                    source = GenerateStream(response, call.reading, bounds, sent_at=response.sent_at)
+                else:
+                    source = RelayedStream(EventReader(response, bounds, sent_at=response.sent_at))
                 first = await source.next_chunk()
                 headers = self._headers(response, worker, call)
                 relayed = True
                 return _RelayResponse(self, worker, load, plan, call, response, source, first, headers)
-            content = await response.read()
-            if call.reading is not None and response.status_code == 200:
-                content = call.reading.answer(_json(content))
+            stage = "body"
+            content = await response.read(
+                limit=settings.max_response_bytes, deadline=response.sent_at + settings.request_timeout
+            )
+            if call.reading is not None and 200 <= response.status_code < 300:
+                content = call.reading.answer(parse_answer(content, response.status_code))
+            else:
+                check_answer(response.status_code, content)
         except WorkerTransportError as exc:
             self._finish(worker, load, plan, call, ok=False)
-            reason = describe_error(exc)
-            failed = "stream failed before its first chunk" if stage == "stream" else "request failed"
-            self.pool.mark_failed(worker, f"{failed} ({reason})")
-            return _Failure(reason)
+            return self._failure(worker, exc, stage, plan)
         except asyncio.CancelledError:
             self._finish(worker, load, plan, call, ok=False)
             why = interrupt.take()
             if why == "lost":
-                where = "before the stream's first chunk" if stage == "stream" else "while answering"
+                where = "before the stream's first event" if stage == "stream" else "while answering"
                 return _Failure(f"worker lost {where} ({worker.problem})")
             if why == "client":
                 raise _ClientLeft from None
@@ -448,6 +554,24 @@ class Proxy:
             return _Failure(f"answered {response.status_code}", self._full(response, content, worker, call))
         self._finish(worker, load, plan, call, ok=response.status_code < 400)
         return self._full(response, content, worker, call)
+
+    def _failure(self, worker: Worker, exc: WorkerTransportError, stage: str, plan: Plan) -> _Failure:
+        """What a failed attempt means for the client (`_client_error`), and for the worker's health: out of
+        the active set until its re-check, unless it answered right but too much."""
+        reason = _reason(exc)
+        if stage == "head" and isinstance(exc, ReadTimeout):
+            settings = self.pool.settings
+            timeout, flag = (
+                (settings.first_byte_timeout, "--first-byte-timeout")
+                if plan.stream
+                else (settings.request_timeout, "--request-timeout")
+            )
+            reason = f"sent no answer within {timeout:g} s ({flag})"
+        status, code = _client_error(exc)
+        if not isinstance(exc, AnswerTooLarge) or exc.worker_fault:
+            failed = "stream failed before its first event" if stage == "stream" else "request failed"
+            self.pool.mark_failed(worker, f"{failed} ({reason})")
+        return _Failure(reason, status=status, code=code, final=isinstance(exc, AnswerTooLarge))
 
     def _finish(self, worker: Worker, load: WorkerLoad, plan: Plan, call: _Call, *, ok: bool) -> None:
         worker.active_requests -= 1
@@ -532,10 +656,11 @@ class _Interrupt:
 
 
 class _RelayResponse(StreamingResponse):
-    """A worker's stream, relayed to the client chunk by chunk as it arrives, never buffered.
+    """A worker's stream, relayed to the client event by event as it arrives, never buffered.
 
-    A break after the first chunk ends it with an error event (the client already has part of the answer, so
-    it cannot be retried). A client that leaves ends it too, and so closes the worker's request (the worker
+    A break after the first event — the connection lost, the event format broken, a bound passed, the worker
+    silent for `--idle-timeout` — ends it with an error event and `data: [DONE]` (the client already has part
+    of the answer, so it cannot be retried). A client that leaves ends it too, and so closes the worker's request (the worker
     stops generating). However the response ends — even if it is never sent — `finish` releases the worker's
     connection and ends the attempt, once.
 
@@ -595,12 +720,17 @@ class _RelayResponse(StreamingResponse):
                 chunk = await self.source.next_chunk()
             ok = True
         except WorkerTransportError as exc:
-            reason = describe_error(exc)
-            self.proxy.pool.mark_failed(self.worker, f"stream broke ({reason})")
+            reason = _reason(exc)
+            if not isinstance(exc, AnswerTooLarge) or exc.worker_fault:
+                self.proxy.pool.mark_failed(self.worker, f"stream broke ({reason})")
+            log.warning("stream from %s ended early: %s", self.worker.url, reason)
             message = (
                 f"the worker {self.worker.url} failed while streaming ({reason}); the answer is incomplete"
             )
-            yield sse_event(error_body(message, error_type="server_error")) + SSE_DONE
+            # A connection that broke keeps the code it always had (none); the worker's answer is the cause else.
+            code: str | None = _client_error(exc)[1]
+            code = None if code == NO_WORKER_CODE else code
+            yield sse_event(error_body(message, error_type="server_error", code=code)) + SSE_DONE
         finally:
             self.finish(ok=ok)
 
@@ -612,7 +742,8 @@ class _RelayResponse(StreamingResponse):
 
 
 class _ChunkSource(Protocol):
-    """What a relayed stream reads: a worker's body as it arrives, or a generate stream derendered."""
+    """What a relayed stream reads: a worker's events as they arrive (`RelayedStream`), or a generate stream
+    derendered (`GenerateStream`)."""
 
     async def next_chunk(self) -> bytes | None: ...
 
@@ -621,15 +752,36 @@ def _is_stream(headers: dict[str, str]) -> bool:
     return headers.get("content-type", "").startswith("text/event-stream")
 
 
-def _json(content: bytes) -> Any:
-    try:
-        return loads(content)
-    except ValueError:
-        raise RemoteProtocolError("the generate answer is not JSON") from None
+def _reason(exc: WorkerTransportError) -> str:
+    """Why an attempt failed, for messages: the router's own words for an answer that is bad, late or too
+    large (they follow the worker's URL), else the error's name and message."""
+    message = str(exc).strip()
+    if message and isinstance(exc, (BadAnswer, AnswerTooLarge, ReadTimeout, WriteTimeout)):
+        return message
+    return describe_error(exc)
+
+
+def _client_error(exc: WorkerTransportError) -> tuple[int, str]:
+    """The status and code of a failure for the client: 502 for an answer that is not the route's or is too
+    large, 504 for a worker too slow, 503 for one that could not be reached or whose connection broke."""
+    if isinstance(exc, AnswerTooLarge):
+        return 502, WORKER_RESPONSE_TOO_LARGE_CODE
+    if isinstance(exc, BadAnswer):
+        return 502, BAD_WORKER_RESPONSE_CODE
+    if isinstance(exc, (ReadTimeout, WriteTimeout)):
+        return 504, WORKER_TIMEOUT_CODE
+    return 503, NO_WORKER_CODE
 
 
 def _flag(value: bool) -> str:
     return "true" if value else "false"
+
+
+def _prompt_count(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
+    """How many prompts a completions request's `prompt` holds (a list of ids is one)."""
+    if isinstance(prompt, str) or isinstance(prompt[0], int):
+        return 1
+    return len(prompt)
 
 
 def _with_field(raw_body: bytes, name: str, value: Any) -> bytes:

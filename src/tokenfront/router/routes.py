@@ -1,7 +1,8 @@
 """The router's HTTP routes: the proxied OpenAI routes, `/workers`, and what its `/server_info` and `/v1/models` say.
 
 The render routes are the renderer's own (`renderer.routes.render_router`), mounted by the app when the
-router has something to render with.
+router has something to render with. `POST` and `DELETE` on `ADMIN_PATHS` are admin writes: the app's auth
+layer lets them through only with the admin key (`server.admin_auth`), before their body is read.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tokenfront.router.connections import describe_error
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.proxy import Proxy
+from tokenfront.router.worker_allow import WorkerAllowList
 from tokenfront.router.workers import (
     DuplicateWorker,
     RouterItself,
@@ -36,6 +38,9 @@ from tokenfront.server.lean_routes import LeanRoute, raw_body
 from tokenfront.server.render_thread import render_off_loop
 
 log = logging.getLogger(__name__)
+
+# The paths whose writes change the fleet (`server.admin_auth.AdminAccess`): `GET` reads them with the client key.
+ADMIN_PATHS = frozenset({"/workers"})
 
 
 def inference_router() -> APIRouter:
@@ -98,7 +103,7 @@ class AddWorker(BaseModel):
 
 def workers_router() -> APIRouter:
     """The admin API: GET /workers, POST /workers {"url", "kv_events"?, "kv_replay"?, "protocol"?, "verify"?},
-    DELETE /workers?url=URL."""
+    DELETE /workers?url=URL (the two writes need the admin key: `ADMIN_PATHS`)."""
     router = APIRouter(tags=["admin"])
 
     @router.get("/workers", summary="The workers, their health, fingerprint match and gate reasons")
@@ -120,6 +125,7 @@ def workers_router() -> APIRouter:
             spec = WorkerSpec(url, kv_events, kv_replay, protocol=body.protocol, verify=body.verify)
         except ValueError as exc:
             raise APIError(400, str(exc), param="verify") from exc
+        await _admit(raw, spec)
         # Where this request came in is an address the router listens on: a worker URL naming it is the router.
         server = raw.scope.get("server")
         if isinstance(server, (tuple, list)) and len(server) == 2:
@@ -149,6 +155,30 @@ def workers_router() -> APIRouter:
         return {"removed": worker.url, **workers_view(raw)}
 
     return router
+
+
+async def _admit(raw: Request, spec: WorkerSpec) -> None:
+    """Refuse a worker the router may not take: outside `--worker-allow` (403), or beyond `--max-workers` (409).
+
+    Nothing is sent to the worker before this passes. The pool's size is read last, and nothing awaits
+    between that and the pool taking the worker in (`WorkerPool.add`): concurrent adds cannot pass the cap.
+    """
+    pool: WorkerPool = raw.app.state.pool
+    allow: WorkerAllowList | None = raw.app.state.worker_allow
+    if allow is not None:
+        endpoints = (("kv_events", spec.kv_events), ("kv_replay", spec.kv_replay))
+        refusal = await allow.refusal_in_thread(spec.url, endpoints, timeout=pool.settings.connect_timeout)
+        if refusal is not None:
+            field, problem = refusal
+            raise APIError(403, f"worker URL {spec.url}: {problem}", param=field, code="worker_not_allowed")
+    max_workers: int = raw.app.state.max_workers
+    if len(pool.workers) >= max_workers:
+        raise APIError(
+            409,
+            f"the pool is full: it has {len(pool.workers)} workers, this router's --max-workers; DELETE "
+            "/workers?url=... one first, or restart the router with a larger --max-workers",
+            code="worker_pool_full",
+        )
 
 
 def _worker_url(url: str) -> str:

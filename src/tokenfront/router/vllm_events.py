@@ -18,8 +18,9 @@ evicts. On the wire (``vllm/distributed/kv_events.py``, msgspec):
   for every buffered batch from ``start_seq`` on, then ``[b"", -1, b""]``.
 
 ``decode_vllm_batch`` turns a payload into plain frozen dataclasses; ``VllmEventSubscriber`` runs the SUB
-socket on a background thread and hands each batch to ``KvIndex.apply_vllm_batch``, which maps vLLM's hashes
-onto tokenfront's own block names.
+socket on a background thread and hands each batch to a ``VllmEventSink`` (the router's ``KvIndex``, whose
+``router/vllm_feed.py`` maps vLLM's hashes onto tokenfront's own block names). This module knows the wire, not
+what is done with it.
 """
 
 from __future__ import annotations
@@ -28,13 +29,23 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgpack
 import zmq
 
-if TYPE_CHECKING:
-    from tokenfront.router.kv_index import KvIndex
+__all__ = [
+    "ForeignHash",
+    "VllmAllBlocksCleared",
+    "VllmBlockRemoved",
+    "VllmBlockStored",
+    "VllmEvent",
+    "VllmEventBatch",
+    "VllmEventSink",
+    "VllmEventSubscriber",
+    "decode_vllm_batch",
+    "parse_vllm_batch",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +113,16 @@ class VllmEventBatch:
     data_parallel_rank: int | None = None
     # Events of a kind this decoder does not know (a newer vLLM): skipped, counted for the logs.
     unknown_events: int = 0
+
+
+class VllmEventSink(Protocol):
+    """Where a subscriber puts what it reads: each batch, and "forget this worker" when it lost track."""
+
+    def apply_vllm_batch(self, worker: str, batch: VllmEventBatch) -> None:
+        """Apply one decoded batch of the worker's events."""
+
+    def reset(self, worker: str) -> None:
+        """Drop everything known of the worker's cache (events were missed, or it restarted)."""
 
 
 def decode_vllm_batch(payload: bytes) -> VllmEventBatch:
@@ -214,7 +235,8 @@ def _preview(value: object) -> str:
 
 
 class VllmEventSubscriber:
-    """Mirror one vLLM worker's KV events into a ``KvIndex``: a ZMQ SUB socket read by a background thread.
+    """Mirror one vLLM worker's KV events into a sink (a ``KvIndex``): a ZMQ SUB socket read by a background
+    thread.
 
     ``endpoint`` is where the worker's publisher listens (``tcp://host:5557``; with data parallelism each rank
     publishes on its own port: run one subscriber per rank, all naming the same ``worker``). Sequence numbers
@@ -227,7 +249,7 @@ class VllmEventSubscriber:
         self,
         endpoint: str,
         worker: str,
-        kv_index: KvIndex,
+        kv_index: VllmEventSink,
         *,
         replay_endpoint: str | None = None,
         topic: str = "",

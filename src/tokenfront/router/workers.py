@@ -496,6 +496,10 @@ class PoolSettings:
     kv_events_interval: float = 0.5
     connect_timeout: float = 5.0
     request_timeout: float = 600.0
+    # The proxied requests' bounds on a worker's answer (router.worker_answers).
+    first_byte_timeout: float = 120.0
+    idle_timeout: float = 60.0
+    max_response_bytes: int = 64 * 1024 * 1024
     max_connections: int = 256
     # Sent to workers as `Authorization: Bearer KEY` (`--worker-api-key`); the router's own `--api-key`, which
     # guards its clients' requests, is the app's, never sent on.
@@ -697,6 +701,7 @@ class WorkerPool:
             url,
             connect_timeout=settings.connect_timeout,
             timeout=settings.request_timeout,
+            idle_timeout=settings.idle_timeout,
             max_connections=settings.max_connections,
             keepalive_expiry=_KEEPALIVE_EXPIRY,
             headers=self._headers(),

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenfront import __version__
 from tokenfront.core.render import RenderPipeline
+from tokenfront.server.admin_auth import AdminAccess
 from tokenfront.server.api_docs import api_docs_router
 from tokenfront.server.errors import install_error_handlers
 from tokenfront.server.lean_routes import LeanRoute
@@ -26,11 +27,22 @@ from tokenfront.server.models import ModelNames, models_body
 from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.server.shutdown import Drain
 
-__all__ = ["SCHEMA_VERSION", "ServerInfo", "TokenfrontApp", "create_app", "pipeline_info"]
+__all__ = [
+    "PATH_INFO_KEYS",
+    "SCHEMA_VERSION",
+    "ServerInfo",
+    "TokenfrontApp",
+    "create_app",
+    "pipeline_info",
+    "without_paths",
+]
 
 SCHEMA_VERSION = 1
 # A provider of the role-specific part of `/server_info`.
 ServerInfo = Callable[[], dict[str, Any]]
+# The fields of a fingerprint's `info` that name this machine's files: on `/server_info` only with
+# `--show-paths` (any client may read it; the digest does not depend on them).
+PATH_INFO_KEYS = ("model_path", "tokenizer_path")
 
 
 class TokenfrontApp(FastAPI):
@@ -91,11 +103,15 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     metrics: ServerMetrics | None = None,
+    admin: AdminAccess | None = None,
+    show_paths: bool = False,
 ) -> TokenfrontApp:
     """A FastAPI app with the routes every tokenfront server has (docs/contract.md §6): `/health`, `/server_info`,
     `/v1/models`, `/metrics`, OpenAPI at `/openapi.json`, `/docs` and `/redoc` (their files served by the app);
     OpenAI-shaped errors; Bearer auth on everything but `/health` and the inspector's static files; a body size
-    limit (413). `metrics` lets a server register its own metrics in the app's registry before the app exists."""
+    limit (413). `metrics` lets a server register its own metrics in the app's registry before the app exists;
+    `admin` gives its admin paths and their key (`server.admin_auth`); `show_paths` keeps the checkpoint's
+    paths in `/server_info` (`--show-paths`; else `without_paths`)."""
     app = TokenfrontApp(
         title=title,
         version=__version__,
@@ -112,10 +128,13 @@ def create_app(
     install_error_handlers(app)
     # Added last = outermost: auth is checked before a body is read, and 413s are counted too.
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
-    app.add_middleware(AuthAndMetrics, metrics=metrics, api_key=api_key)
+    app.add_middleware(AuthAndMetrics, metrics=metrics, api_key=api_key, admin=admin)
     # The same two layers in front of the lean routes.
     app.lean_front = AuthAndMetrics(
-        BodySizeLimit(_serve_lean_route, max_bytes=max_body_bytes), metrics=metrics, api_key=api_key
+        BodySizeLimit(_serve_lean_route, max_bytes=max_body_bytes),
+        metrics=metrics,
+        api_key=api_key,
+        admin=admin,
     )
 
     app.include_router(api_docs_router(title=title, openapi_url="/openapi.json"))
@@ -126,7 +145,8 @@ def create_app(
 
     @app.get("/server_info", tags=["common"])
     async def get_server_info() -> dict[str, Any]:
-        return {"role": role, "version": __version__, "schema_version": SCHEMA_VERSION, **server_info()}
+        info = {"role": role, "version": __version__, "schema_version": SCHEMA_VERSION, **server_info()}
+        return info if show_paths else without_paths(info)
 
     @app.get("/v1/models", tags=["common"])
     async def list_models() -> dict[str, Any]:
@@ -148,3 +168,16 @@ def pipeline_info(pipeline: RenderPipeline) -> dict[str, Any]:
         "reasoning_parser": pipeline.options.reasoning_parser,
         "tool_call_parser": pipeline.options.tool_call_parser,
     }
+
+
+def without_paths(info: dict[str, Any]) -> dict[str, Any]:
+    """A `/server_info` body without the fields that name this machine's files (`PATH_INFO_KEYS` of its
+    `render_fingerprint.info`); the body given is left as it is."""
+    fingerprint = info.get("render_fingerprint")
+    if not isinstance(fingerprint, dict):
+        return info
+    details = fingerprint.get("info")
+    if not isinstance(details, dict) or not any(key in details for key in PATH_INFO_KEYS):
+        return info
+    kept = {key: value for key, value in details.items() if key not in PATH_INFO_KEYS}
+    return {**info, "render_fingerprint": {**fingerprint, "info": kept}}

@@ -3,9 +3,10 @@ per-request machinery.
 
 FastAPI's request handling (dependency solving, body parsing by content type, pydantic validation through
 its field wrappers, response serialization) costs several times what rendering a short chat costs. A lean
-route reads the body once, parses it with orjson (`responses.loads_request`: strict JSON, so NaN, Infinity
-and lone surrogates are a 400 naming the field, never an answer that cannot be encoded), validates it with
-the endpoint's pydantic body model, keeps the parsed object and the raw bytes on the request (`json_body`,
+route reads the body once, parses it with orjson (`responses.loads_request`: strict UTF-8 JSON, so NaN,
+Infinity, lone surrogates, a byte order mark or UTF-16 are a 400 naming the problem, never an answer that
+cannot be encoded), validates it with the endpoint's pydantic body model (a large body on the decode thread,
+off the event loop), keeps the parsed object and the raw bytes on the request (`json_body`,
 `raw_body`), and calls the endpoint directly. The endpoint returns a `Response`, or a value encoded with
 orjson. Errors are the app's usual OpenAI-shaped errors.
 
@@ -14,9 +15,13 @@ Endpoints take exactly two parameters: the body model and the `Request`.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import gc
 import inspect
 import typing
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import Request
@@ -28,10 +33,17 @@ from starlette.types import Receive, Scope, Send
 from tokenfront.server.errors import APIError, response_for, validation_error
 from tokenfront.server.responses import JSONBytesResponse, RequestJSONError, loads_request
 
-__all__ = ["LeanRoute", "json_body", "raw_body"]
+__all__ = ["INLINE_BODY_BYTES", "LeanRoute", "json_body", "raw_body"]
 
 _JSON_KEY = "tokenfront.json_body"
 _RAW_KEY = "tokenfront.raw_body"
+_Model = typing.TypeVar("_Model", bound=BaseModel)
+
+# A body up to this size is parsed and validated on the event loop (well under a millisecond); a larger one on
+# the decode thread, so that the loop keeps answering meanwhile (a 16 MiB body takes the parser and the
+# validator up to a few seconds). One thread: big bodies are decoded one at a time, bounding their memory.
+INLINE_BODY_BYTES = 64 * 1024
+_DECODE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenfront-decode")
 
 
 def json_body(request: Request) -> Any:
@@ -69,11 +81,15 @@ class LeanRoute(APIRoute):
 
         async def handler(request: Request) -> Response:
             body = await request.body()
-            payload = _parse(body, request)
-            try:
-                parsed = model.model_validate(payload)
-            except ValidationError as exc:
-                raise validation_error([dict(e) for e in exc.errors()], _content_type(request)) from None
+            content_type = _content_type(request)
+            if len(body) <= INLINE_BODY_BYTES:
+                payload, parsed = _decode(model, body, content_type)
+            else:
+                # The request's context goes along, so that a line logged meanwhile carries its request id.
+                context = contextvars.copy_context()
+                payload, parsed = await asyncio.get_running_loop().run_in_executor(
+                    _DECODE_THREAD, context.run, _decode_large, model, body, content_type
+                )
             request.scope[_JSON_KEY] = payload
             request.scope[_RAW_KEY] = body
             result = await endpoint(**{model_param: parsed, request_param: request})
@@ -101,8 +117,32 @@ def _content_type(request: Request) -> str:
     return request.headers.get("content-type", "")
 
 
-def _parse(body: bytes, request: Request) -> Any:
-    content_type = _content_type(request)
+def _decode(model: type[_Model], body: bytes, content_type: str) -> tuple[Any, _Model]:
+    """The body parsed, and validated by `model`; the 400 for a body that is neither."""
+    payload = _parse(body, content_type)
+    try:
+        return payload, model.model_validate(payload)
+    except ValidationError as exc:
+        raise validation_error([dict(e) for e in exc.errors()], content_type) from None
+
+
+def _decode_large(model: type[_Model], body: bytes, content_type: str) -> tuple[Any, _Model]:
+    """`_decode` with the garbage collector paused (on the decode thread only, the one place that pauses it).
+
+    A large body is a million objects made in one parser call; collections set off meanwhile run inside that call
+    with the interpreter held (a 15 MB body: 0.36 s instead of 0.14 s). Parsed JSON and the models made from it
+    hold no reference cycles, so nothing is lost by waiting: the collections run after, each a short pause.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _decode(model, body, content_type)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _parse(body: bytes, content_type: str) -> Any:
     if content_type and "json" not in content_type:
         # curl's plain `-d` sends a form content type: say which header is missing.
         raise APIError(

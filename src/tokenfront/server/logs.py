@@ -11,6 +11,13 @@ carries (`extra=`: the access line's `method`, `path`, `status`, `duration_ms`, 
 warnings' `forwarding`, `blocking`, `router_reasons`), and `exception` (the traceback, inside the one line).
 Text lines keep the format they always had, and end with `request_id=…` when written during a request.
 
+A text line is one line whatever a message holds: the message's control characters (CR, LF, ESC, NUL, ...,
+and the Unicode line and paragraph separators) are written escaped (`\\n`, `\\r`, `\\x1b`, `\\u2028`), so a
+value from a client or a worker (a request path, a worker's model names) can never start a line that looks
+like one of the server's own. `EscapedText` does it at the handler: the root handler's `TextFormatter`, and
+in text mode the handlers uvicorn and transformers bring (`adopt_library_handlers`). A traceback, which is
+our own code's and comes after the message, is printed as it is. JSON lines escape in the JSON already.
+
 In JSON mode the lines of libraries that bring their own stderr handler (uvicorn, transformers) are routed to
 the one JSON handler (`adopt_library_handlers`), Python warnings become records, an uncaught exception is a
 record too, and the hub's and transformers' progress bars are off: every line of a JSON-mode server's stderr
@@ -19,9 +26,11 @@ parses as JSON.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -34,10 +43,12 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "TEXT_FORMAT",
+    "EscapedText",
     "JsonFormatter",
     "TextFormatter",
     "adopt_library_handlers",
     "configure_logging",
+    "escape_control_characters",
     "json_logging",
 ]
 
@@ -94,13 +105,50 @@ class TextFormatter(logging.Formatter):
         return f"{text} request_id={request_id}" if request_id is not None else text
 
 
+# What could end or rewrite a line on a terminal or in a log file: C0 and C1 control characters, DEL, and
+# the Unicode line and paragraph separators (some viewers break lines there).
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED_ESCAPES.get(char) or char.encode("unicode_escape").decode("ascii")
+
+
+def escape_control_characters(text: str) -> str:
+    """`text` with every control character written as its escape (a newline as the two characters `\\n`)."""
+    return _CONTROL_CHARACTERS.sub(_escaped, text)
+
+
+class EscapedText(logging.Formatter):
+    """A text formatter around another one (`inner`): the record's message is escaped
+    (`escape_control_characters`) before `inner` lays out the line, so the message is never more than one
+    line; the traceback `inner` appends after it is kept as it is.
+    """
+
+    def __init__(self, inner: logging.Formatter | None = None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if _CONTROL_CHARACTERS.search(message) is None:  # nearly every line: formatted as it is
+            return self.inner.format(record)
+        safe = copy.copy(record)  # the record goes on to other handlers as it was
+        safe.msg, safe.args = escape_control_characters(message), None
+        # uvicorn's coloured copy of the message would be formatted instead of `msg`: the plain one wins.
+        safe.__dict__.pop("color_message", None)
+        return self.inner.format(safe)
+
+
 def configure_logging(level: str = "info", log_format: str = "text") -> None:
     """Set up the root logger for a command: `level` (debug, info, warning, error) and `log_format` (text or
     json), on stderr. Leaves a root logger that already has handlers as it is, like `logging.basicConfig`."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format {log_format!r}: use one of {', '.join(LOG_FORMATS)}")
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter() if log_format == "json" else EscapedText(TextFormatter()))
     logging.basicConfig(level=level.upper(), handlers=[handler])
     if log_format == "json":
         logging.captureWarnings(True)  # `warnings.warn` prints to stderr otherwise
@@ -118,14 +166,14 @@ def json_logging() -> bool:
 
 
 def adopt_library_handlers() -> None:
-    """In JSON mode, route the records of loggers that write to stderr or stdout with a handler of their own
-    (transformers adds one when it is imported) to the root logger's JSON handler instead.
+    """Bring the handlers libraries add for stderr or stdout (uvicorn's, and transformers' when it is
+    imported) under the server's rules: in JSON mode their loggers' records go to the root logger's JSON
+    handler instead; in text mode they keep their own lines, with the message escaped (`EscapedText`).
 
-    Called when logging is set up and again just before a server starts serving, after the libraries that
-    load the checkpoint were imported. Does nothing in text mode: there the libraries keep their own lines.
+    Called when logging is set up and again just before a server starts serving, after uvicorn has set up its
+    loggers and the libraries that load the checkpoint were imported.
     """
-    if not json_logging():
-        return
+    escape_only = not json_logging()
     for logger in list(logging.Logger.manager.loggerDict.values()):
         if not isinstance(logger, logging.Logger):
             continue
@@ -133,8 +181,11 @@ def adopt_library_handlers() -> None:
             h for h in logger.handlers if type(h) is logging.StreamHandler and h.stream in _STANDARD_STREAMS
         ]
         for handler in streams:
-            logger.removeHandler(handler)
-        if streams:
+            if not escape_only:
+                logger.removeHandler(handler)
+            elif not isinstance(handler.formatter, EscapedText):
+                handler.setFormatter(EscapedText(handler.formatter))
+        if streams and not escape_only:
             logger.propagate = True
 
 

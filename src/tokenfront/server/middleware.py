@@ -1,5 +1,5 @@
-"""Pure ASGI layers (no per-request task group, unlike `@app.middleware`): auth and request metrics; the request
-id and the access line."""
+"""Pure ASGI layers (no per-request task group, unlike `@app.middleware`): auth (the client key and the admin
+key) and request metrics; the request id and the access line."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenfront.core.errors import TokenfrontError
+from tokenfront.server.admin_auth import AdminAccess
 from tokenfront.server.errors import error_response
 from tokenfront.server.inspector import INSPECTOR_PATHS
 from tokenfront.server.request_ids import (
@@ -31,31 +33,42 @@ OPEN_PATHS = frozenset({"/health", *INSPECTOR_PATHS})
 
 
 class AuthAndMetrics:
-    """Refuse requests without the API key (401), and count every answer by route template and status."""
+    """Refuse requests without the API key (401) and admin writes without the admin key
+    (`server.admin_auth`), and count every answer by route template and status."""
 
-    def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, api_key: str | None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        metrics: ServerMetrics,
+        api_key: str | None,
+        admin: AdminAccess | None = None,
+    ) -> None:
         """`api_key` None serves without a key; an empty one is refused (TokenfrontError): an empty
-        `$TOKENFRONT_API_KEY` is a mistake far more often than a wish to accept `Bearer ` alone."""
+        `$TOKENFRONT_API_KEY` is a mistake far more often than a wish to accept `Bearer ` alone. `admin`: the
+        server's admin paths and key (None: it has none); its key opens the client routes too."""
         if api_key is not None and not api_key.strip():
             raise TokenfrontError(
                 "--api-key (or $TOKENFRONT_API_KEY) is empty: give a key, or unset it to serve without one"
             )
         self.app = app
         self.metrics = metrics
+        self.admin = admin
         self._key = api_key.encode() if api_key is not None else None
+        self._admin_key = admin.key.encode() if admin is not None and admin.key is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self._key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
-            response = error_response(
-                401,
-                "missing or incorrect API key: send it as `Authorization: Bearer <key>`",
-                code="invalid_api_key",
-            )
-            await response(scope, receive, send)
-            return
+        path = scope["path"]
+        needs_key = self._key is not None and path not in OPEN_PATHS
+        admin_write = self.admin is not None and self.admin.guards(scope["method"], path)
+        if needs_key or admin_write:
+            refusal = self._refusal(scope, needs_key=needs_key, admin_write=admin_write)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
         start = time.perf_counter()
         status = 500
 
@@ -72,14 +85,35 @@ class AuthAndMetrics:
             route = scope.get("route")
             self.metrics.observe(getattr(route, "path", "unmatched"), status, time.perf_counter() - start)
 
-    def _authorized(self, scope: Scope) -> bool:
-        assert self._key is not None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                # Constant time: how much of a guess matches must not show in the time the answer takes.
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
-        return False
+    def _refusal(self, scope: Scope, *, needs_key: bool, admin_write: bool) -> Response | None:
+        """The 401 or 403 for a request that lacks the key it needs (None: it has it)."""
+        token = _bearer_token(scope)
+        # Both keys are compared whatever the first gives: the time taken must not tell which one matched.
+        admitted = _matches(token, self._admin_key)
+        if needs_key and not (_matches(token, self._key) | admitted):
+            return error_response(
+                401,
+                "missing or incorrect API key: send it as `Authorization: Bearer <key>`",
+                code="invalid_api_key",
+            )
+        if admin_write:
+            assert self.admin is not None
+            return self.admin.refusal(scope["method"], scope["path"], admitted=admitted)
+        return None
+
+
+def _bearer_token(scope: Scope) -> bytes | None:
+    """The token of the request's `Authorization: Bearer TOKEN` header (None: it has none)."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else None
+    return None
+
+
+def _matches(token: bytes | None, key: bytes | None) -> bool:
+    # Constant time: how much of a guess matches must not show in the time the answer takes.
+    return token is not None and key is not None and hmac.compare_digest(token, key)
 
 
 _REQUEST_ID_HEADER = REQUEST_ID_HEADER.encode("ascii")

@@ -18,6 +18,11 @@ error, or an error event and `data: [DONE]` on a stream). uvicorn re-raises the 
 shutdown is done, which would make a finished, graceful shutdown look like a kill (exit -15) to supervisors;
 SIGTERM then exits with status 0.
 
+Connections: every process serves with `server.http_protocol.BoundedHttpProtocol` (uvicorn's httptools
+protocol with the head size and line limits, the head, body and keep-alive timeouts, and the connection cap of
+`ConnectionLimits`), the pre-fork children too (they run the parent's config). The open-file limit is raised to
+fit `--max-connections` before anything is forked.
+
 Logging: every request goes through `server.middleware.RequestIdLayer` (its id, the `X-Request-Id` answer header,
 and with `--access-log` tokenfront's own access line, written when the answer has ended; uvicorn's, written when
 it starts and without an id, is off). In text mode uvicorn keeps its own handlers and line format, as it always
@@ -27,6 +32,7 @@ handler. The pre-fork children inherit the parent's logging as it is when they a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -38,13 +44,16 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
 
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
 from tokenfront.core.errors import TokenfrontError
+from tokenfront.server.connection_limits import ConnectionLimits
 from tokenfront.server.logs import adopt_library_handlers
+from tokenfront.server.open_files import fit_open_file_limit
 
 __all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "MULTIPROC_DIR_ENV", "bind_socket", "prepare_workers", "run_server"]
 
@@ -115,6 +124,7 @@ def run_server(
     log_format: str = "text",
     workers: int = 1,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+    connection_limits: ConnectionLimits | None = None,
     sock: socket.socket | None = None,
 ) -> None:
     """Serve `app` until SIGTERM or SIGINT; in-flight requests get `shutdown_timeout` seconds to finish.
@@ -122,12 +132,18 @@ def run_server(
     `sock` is the socket `bind_socket` bound for it (bound here when None; with `workers` > 1 it must have been
     bound with `reuse_port`). `access_log`: a line per request; `log_format` (text or json) is the one
     `server.logs.configure_logging` set up, and says whether uvicorn keeps its own log handlers (text).
+    `connection_limits` bound every connection of every process (`server.http_protocol`; the defaults when
+    None); the open-file limit is raised to fit them first (`server.open_files`), which the pre-fork children
+    inherit.
     """
     if sock is None:
         sock = bind_socket(host, port, reuse_port=workers > 1)
     # Here, not at the top: the CLI imports this module before `prepare_workers` and the torch guard have run.
+    from tokenfront.server.http_protocol import bounded_protocol
     from tokenfront.server.middleware import RequestIdLayer
 
+    limits = connection_limits or ConnectionLimits()
+    limits = replace(limits, max_connections=fit_open_file_limit(limits.max_connections))
     port = int(sock.getsockname()[1])  # the real one when port 0 was asked for
     drain = getattr(app, "drain", None)  # a TokenfrontApp's (server.app)
     config = uvicorn.Config(
@@ -138,9 +154,13 @@ def run_server(
         access_log=False,  # RequestIdLayer writes the access line
         log_config=None if log_format == "json" else LOGGING_CONFIG,
         timeout_graceful_shutdown=math.ceil(shutdown_timeout + _CUT_GRACE_SECONDS),
-        # "auto" takes uvloop and httptools (dependencies of tokenfront): the C parser, not h11.
+        # uvicorn annotates it as whole seconds; its timer takes any number of them.
+        timeout_keep_alive=cast(int, limits.keep_alive_timeout),
+        # "auto" takes uvloop (a dependency of tokenfront); the protocol is uvicorn's httptools one (the C
+        # parser, not h11) with every connection bounded. uvicorn calls `http` with the protocol's arguments:
+        # a factory works as a class does.
         loop="auto",
-        http="auto",
+        http=cast("type[asyncio.Protocol]", bounded_protocol(limits)),
     )
     adopt_library_handlers()  # the checkpoint's libraries are imported by now
     if workers <= 1:

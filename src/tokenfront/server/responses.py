@@ -4,13 +4,16 @@ Every server answers through these, so a body is parsed once and a response is e
 standard library's slower encoder on the hot path.
 
 A request body is parsed with `loads_request`, which takes exactly what can be answered: JSON text (RFC 8259)
-whose strings are Unicode text. What the standard library's parser also takes — `NaN`, `Infinity`, numbers
-too large for a double, and lone surrogates (`"\\ud800"`) — could not be encoded again (in the echo of a render
-answer, in an error message, in a forwarded body), so it is refused there with the field named.
+in UTF-8 without a byte order mark, whose strings are Unicode text (a render answer echoes the body's bytes, so
+a body in another encoding would make an answer that is not JSON). What the standard library's parser also
+takes — `NaN`, `Infinity`, numbers too large for a double, and lone surrogates (`"\\ud800"`) — could not be
+encoded again (in the echo of a render answer, in an error message, in a forwarded body), so it is refused there
+with the field named.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -75,13 +78,21 @@ def loads_request(data: bytes) -> Any:
     """A client's JSON body, parsed; `RequestJSONError` naming the field when it is not JSON that can be
     answered (see the module doc), ValueError with the parser's reason when it is not JSON at all."""
     try:
-        return orjson.loads(data)  # strict already: no NaN, no Infinity, no lone surrogates
+        return orjson.loads(data)  # strict: UTF-8 only, no BOM, NaN, Infinity or lone surrogates
     except orjson.JSONDecodeError as exc:
         reason = str(exc)
+    encoding = _not_utf8(data)
+    if encoding is not None:
+        # The standard library would decode it, and the answer would echo bytes that are not UTF-8 JSON.
+        raise RequestJSONError(
+            f"the request body is {encoding}: send JSON as UTF-8 without a byte order mark (RFC 8259, 8.1)"
+        )
     # What orjson refuses that JSON allows: integers beyond 64 bits, nesting beyond 1024 levels. The standard
     # library parses those, and also what JSON does not allow: found below, by field.
     try:
-        value = json.loads(data, parse_constant=_NonFinite, parse_float=_number)
+        # As `json.loads(bytes)` decodes UTF-8: an encoded lone surrogate is read, to be named by its field below.
+        text = data.decode("utf-8", "surrogatepass")
+        value = json.loads(text, parse_constant=_NonFinite, parse_float=_number)
     except RecursionError:
         raise RequestJSONError("the request body is nested too deeply to parse") from None
     except (ValueError, UnicodeDecodeError):
@@ -90,6 +101,24 @@ def loads_request(data: bytes) -> Any:
     if problem is not None:
         raise RequestJSONError(*problem)
     return value
+
+
+def _not_utf8(data: bytes) -> str | None:
+    """What a body that is not UTF-8 JSON is encoded as (by its byte order mark, or by the zero bytes that its
+    first ASCII characters leave in UTF-16 and UTF-32, as `json.detect_encoding` reads them), else None."""
+    if data.startswith(codecs.BOM_UTF8):
+        return "UTF-8 with a byte order mark"
+    if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+        return "UTF-32 (it starts with a byte order mark)"
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "UTF-16 (it starts with a byte order mark)"
+    # JSON text starts with an ASCII character, and UTF-8 JSON holds no zero byte at all.
+    head = data[:4]
+    if len(data) % 4 == 0 and len(head) == 4 and b"\x00\x00\x00" in (head[:3], head[1:]):
+        return "UTF-32"
+    if len(data) % 2 == 0 and len(head) >= 2 and 0 in (head[0], head[1]):
+        return "UTF-16"
+    return None
 
 
 def _first_unanswerable(value: Any) -> tuple[str, str | None] | None:

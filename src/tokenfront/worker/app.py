@@ -46,11 +46,12 @@ def create_worker_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     enable_render_endpoints: bool | None = None,
+    show_paths: bool = False,
 ) -> FastAPI:
     """The worker: inference routes on `engine`, common routes, and the render routes when enabled.
 
-    `enable_render_endpoints` None reads TOKENFRONT_ENABLE_RENDER_ENDPOINTS. The engine is started and
-    stopped with the app (its lifespan).
+    `enable_render_endpoints` None reads TOKENFRONT_ENABLE_RENDER_ENDPOINTS; `show_paths`: the checkpoint's
+    paths on `/server_info`. The engine is started and stopped with the app (its lifespan).
     """
 
     def worker_info() -> dict[str, Any]:
@@ -74,6 +75,7 @@ def create_worker_app(
         model_names=lambda: pipeline.served_model_names,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
+        show_paths=show_paths,
     )
     app.state.pipeline = pipeline
     service = WorkerService(pipeline, engine, WorkerMetrics(app.state.metrics, engine))

@@ -92,9 +92,14 @@ class ChoiceRun:
 
 async def collect(run: ChoiceRun) -> FinishedChoice:
     """Run a choice to its end, for a non-streaming answer."""
-    output = OutputDelta()
-    async for event in run.events():
-        output.extend(event.delta)
+    # The events' text joined once at the end: `extend` per event would copy the text so far each time.
+    deltas = [event.delta async for event in run.events()]
+    output = OutputDelta(
+        "".join(delta.reasoning for delta in deltas),
+        "".join(delta.content for delta in deltas),
+        [call for delta in deltas for call in delta.tool_calls],
+        deltas[-1].finish_reason if deltas else None,
+    )
     return FinishedChoice(run.index, output, run.tokens)
 
 

@@ -2,7 +2,8 @@
 
 An engine takes prompt ids and sampling parameters and streams generated ids. It knows nothing of text,
 chat templates or HTTP: stop strings, detokenization, parsers and the OpenAI shapes live in the output
-core (`tokenfront.core.output`). One implementation today (engines/transformers.py); another engine plugs in here.
+core (`tokenfront.core.output`). Two implementations: engines/transformers.py runs a real model,
+engines/simulated.py models a GPU worker without one (docs/simulation.md); another engine plugs in here.
 """
 
 from __future__ import annotations
@@ -56,6 +57,38 @@ class GenerationRequest:
 
 # The token id of an output that carries no token: the last output of an aborted sequence.
 NO_TOKEN = -1
+
+
+# The counters every engine's `stats()` reports (the `tokenfront_engine_*` gauges docs/api.md lists).
+ENGINE_COUNTERS = (
+    "requests_submitted",
+    "requests_finished",
+    "requests_aborted",
+    "requests_failed",
+    "prompt_tokens",
+    "prompt_tokens_cached",
+    "prefill_tokens_computed",
+    "prefill_seconds",
+    "decode_steps",
+    "decode_tokens",
+    "decode_seconds",
+    "decode_batch_size_max",
+)
+
+
+def check_runnable(request: GenerationRequest, vocab_size: int, max_context: int | None) -> None:
+    """What no engine can run, refused the same way by every engine's `submit` (a ValueError, which the worker
+    answers as a 400): an empty prompt, `max_tokens` below 1, ids outside [0, `vocab_size`), a prompt that fills
+    the context (`max_context`; None: unknown)."""
+    ids = request.prompt_token_ids
+    if not ids:
+        raise ValueError("the prompt has no tokens")
+    if request.params.max_tokens < 1:
+        raise ValueError("max_tokens must be at least 1")
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+    if max_context is not None and len(ids) >= max_context:
+        raise ValueError(f"the prompt has {len(ids)} tokens; this model's context is {max_context} tokens")
 
 
 @dataclass(frozen=True)

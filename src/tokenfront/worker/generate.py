@@ -29,6 +29,7 @@ from tokenfront.protocol import ChatCompletionRequest, NamedToolChoice
 from tokenfront.server.disconnect import ClientDisconnected, client_disconnected_response
 from tokenfront.server.errors import APIError
 from tokenfront.server.models import check_model
+from tokenfront.server.render_thread import render_off_loop
 from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.server.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
 from tokenfront.worker.choices import ChoiceEvent, ChoiceRun, collect_all, merged_events
@@ -69,7 +70,8 @@ class GenerateService:
 
     async def generate(self, request: GenerateRequest, raw: Request) -> JSONBytesResponse | StreamingResponse:
         """POST /inference/v1/generate."""
-        generation = self._prepare(request, raw)
+        # Checking the ids and compiling the stop strings grow with the request: where renders run.
+        generation = await render_off_loop(raw, request, self._prepare, request, raw)
         self.service.metrics.prompt_tokens.labels(ROUTE).inc(len(request.token_ids))
         if request.stream:
             return StreamingResponse(self._stream(generation), media_type=SSE_MEDIA_TYPE)
@@ -259,10 +261,7 @@ class GenerateService:
         """vLLM's `stop_reason`: the stop string or stop token id that ended the choice (None on EOS, length,
         abort)."""
         if run.parser.stopped:  # the stop string found first in the output's text
-            ids = [token.token_id for token in run.tokens]
-            text = str(self.service.tokenizer.decode(ids, skip_special_tokens=True))
-            found = [(text.find(stop), stop) for stop in generation.output.stop if stop in text]
-            return min(found)[1] if found else None
+            return run.parser.stop_string
         last = run.tokens[-1].token_id if run.tokens else None
         stop_ids = generation.request.sampling_params.stop_token_ids or ()
         if output.finish_reason in ("stop", "tool_calls") and last in stop_ids:

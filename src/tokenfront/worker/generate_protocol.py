@@ -16,7 +16,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tokenfront.protocol import MIN_TOP_P, NamedToolChoice, Tool, check_seed
+from tokenfront.protocol import (
+    MIN_TOP_P,
+    NamedToolChoice,
+    Tool,
+    check_seed,
+    check_stop_strings,
+    check_tool_count,
+)
 
 __all__ = [
     "GenerateRequest",
@@ -85,6 +92,11 @@ class GenerateSamplingParams(BaseModel):
     def _seed_in_range(cls, value: Any) -> Any:
         return check_seed(value)
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings_bounded(cls, value: Any) -> Any:
+        return check_stop_strings(value)
+
     @field_validator("top_p")
     @classmethod
     def _top_p_floor(cls, value: float) -> float:
@@ -122,6 +134,11 @@ class ParseContext(BaseModel):
     include_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     history_tool_call_cnt: int = Field(default=0, ge=0)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _not_too_many_tools(cls, value: Any) -> Any:
+        return check_tool_count(value)
 
 
 class GenerateRequest(BaseModel):

@@ -22,23 +22,38 @@ containers, required keys and enum values as the grammar forces them) and, once 
 the plan's length, allows only tokens that follow the plan. Without a budget the engine's ``max_tokens``
 is the only bound: a sequence cut off there ends with finish reason "length" and its arguments are
 incomplete JSON (the worker reports no call).
+
+What bounds the compile. The schema is a client's: before xgrammar sees it, ``schema_limits.check_schema``
+refuses what would cost the compiler (or the closing plan) without bound — depth, size, properties, enum
+values, patterns, a recursion every instance must take — with a 400 ``schema_limit``. The worker compiles
+with ``compile_off_loop``: the check in a thread, the compile on this object's one compile thread (so
+concurrent requests do not multiply its memory), the whole within ``SchemaLimits.compile_seconds`` (past
+it a 400 ``grammar_compile_timeout``, and the grammar, when it comes, is discarded). A compiled grammar over
+``max_grammar_bytes`` is refused too; the cache keeps at most ``max_cached_grammar_bytes`` of them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 import xgrammar as xgr
 
 from tokenfront.core.errors import RenderError
+from tokenfront.worker.schema_limits import SCHEMA_LIMIT_CODE, SCHEMA_LIMITS, SchemaLimits, check_schema
 
-__all__ = ["GuidedDecoding", "JsonSchemaConstraint"]
+__all__ = ["COMPILE_TIMEOUT_CODE", "GuidedDecoding", "JsonSchemaConstraint"]
+
+COMPILE_TIMEOUT_CODE = "grammar_compile_timeout"
 
 # As json.dumps writes them, and as the forced-call prefix (``{"name": "f", "arguments": ``) and the chat
 # templates' ``tojson`` write tool calls: the model continues in the style it was shown. Fixed separators
@@ -345,17 +360,26 @@ class JsonSchemaConstraint:
 class GuidedDecoding:
     """Builds grammar constraints for one model's tokenizer: made once per worker, shared by requests.
 
-    Thread-safe: ``json_schema`` may be called from any thread (compiling takes milliseconds to tens of
-    milliseconds on a cache miss; the HTTP layer may prefer to call it off the event loop).
+    Thread-safe: ``compile`` and ``json_schema`` may be called from any thread (an ordinary schema compiles in
+    milliseconds to tens of milliseconds on a cache miss); the worker's requests use ``compile_off_loop``.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, *, cache_size: int = _DEFAULT_CACHE_SIZE) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        *,
+        cache_size: int = _DEFAULT_CACHE_SIZE,
+        limits: SchemaLimits = SCHEMA_LIMITS,
+    ) -> None:
         """``tokenizer`` is the model's transformers tokenizer; ``vocab_size`` its logits width.
 
         ``vocab_size`` (config.vocab_size) may exceed ``len(tokenizer)``: the padded ids are never allowed.
         Building the vocabulary index is the slow part (about 1 s for 49k tokens, 2 s for 150k: once per worker).
+        ``limits`` bound every schema and its compile (schema_limits.py).
         """
         self.vocab_size = vocab_size
+        self.limits = limits
         detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.stop_token_ids: tuple[int, ...] = tuple(detected.stop_token_ids)
         # xgrammar treats a special token like <|im_start|> as its literal text, valid inside a JSON
@@ -377,9 +401,14 @@ class GuidedDecoding:
         self._compiler = xgr.GrammarCompiler(
             self._info, max_threads=max(1, min(8, os.cpu_count() or 1)), cache_enabled=False
         )
-        self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+        # Keyed by the schema's digest (a schema may carry megabytes of descriptions), bounded in entries and
+        # in the grammars' bytes.
+        self._cache: OrderedDict[bytes, xgr.CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_bytes = 0
         self._lock = threading.Lock()
+        # One compile at a time: what a compile holds at its peak is then the worker's, not times the clients.
+        self._compile_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenfront-grammar")
         self.compilations = 0
         excluded = special | set(self._info.special_token_ids) | set(self.stop_token_ids)
         self._vocabulary = _Vocabulary(self._info.decoded_vocab, excluded, vocab_size)
@@ -423,7 +452,7 @@ class GuidedDecoding:
         return words
 
     def json_schema(
-        self, schema: dict[str, Any] | None, *, max_tokens: int | None = None
+        self, schema: dict[str, Any] | None, *, max_tokens: int | None = None, where: str = "parameters"
     ) -> JsonSchemaConstraint:
         """A fresh constraint for one sequence: one JSON object matching ``schema`` (None or {}: any object).
 
@@ -431,10 +460,17 @@ class GuidedDecoding:
         no properties the schema does not declare (unless it allows them). ``max_tokens``, the sequence's
         token budget, makes the constraint close the JSON before the budget runs out (best effort: a
         budget smaller than the shortest valid object cannot be met). An invalid or unsupported schema
-        raises ``RenderError`` (a 400) naming the problem.
+        raises ``RenderError`` (a 400) naming the problem; one over the limits, naming the limit and its path
+        from ``where`` (the field that holds the schema). Compiles on the calling thread.
         """
+        return self.constraint(self.compile(schema, where=where), max_tokens=max_tokens)
+
+    def constraint(
+        self, compiled: xgr.CompiledGrammar, *, max_tokens: int | None = None
+    ) -> JsonSchemaConstraint:
+        """A fresh constraint for one sequence on a grammar from ``compile`` or ``compile_off_loop``."""
         return JsonSchemaConstraint(
-            self._compile(schema),
+            compiled,
             self.vocab_size,
             self._ordinary_tokens,
             self._stop_tokens,
@@ -443,35 +479,96 @@ class GuidedDecoding:
             max_tokens,
         )
 
-    def _compile(self, schema: Any) -> xgr.CompiledGrammar:
+    def compile(self, schema: Any, *, where: str = "parameters") -> xgr.CompiledGrammar:
+        """The compiled grammar of ``schema``, checked, from the cache or compiled on the calling thread.
+
+        The compile budget holds here too: a grammar that took longer than ``limits.compile_seconds`` is
+        discarded and refused (the calling thread waited for it: ``compile_off_loop`` does not).
+        """
+        key, text = self._checked(schema, where)
+        compiled = self._cached(key)
+        return compiled if compiled is not None else self._compile(key, text, where, time.monotonic())
+
+    async def compile_off_loop(self, schema: Any, *, where: str = "parameters") -> xgr.CompiledGrammar:
+        """``compile`` without blocking the event loop: the check in a thread, the compile on the compile
+        thread, both within ``limits.compile_seconds`` (a 400 ``grammar_compile_timeout`` past it)."""
+        started = time.monotonic()
+        key, text = await asyncio.to_thread(self._checked, schema, where)
+        compiled = self._cached(key)
+        if compiled is not None:
+            return compiled
+        budget = self.limits.compile_seconds
+        job = self._compile_thread.submit(self._compile, key, text, where, started)
+        try:
+            # On time-out the job is cancelled if it has not started; a running compile cannot be stopped, and
+            # `_compile` discards its grammar when it ends past the budget.
+            return await asyncio.wait_for(
+                asyncio.wrap_future(job), max(0.0, budget - (time.monotonic() - started))
+            )
+        except asyncio.TimeoutError:
+            raise self._over_time(where) from None
+
+    def _checked(self, schema: Any, where: str) -> tuple[bytes, str]:
+        """The schema as the compiler gets it (a JSON text) and its cache key, after the limits' check."""
         normalized = _object_schema(schema)
+        check_schema(normalized, where, self.limits)
         try:
             # Keys keep their order: property order is the order the grammar generates them in, so two
             # schemas that differ only in order are different grammars.
-            key = json.dumps(normalized, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            text = json.dumps(normalized, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as error:
             raise RenderError(
                 f"the function's parameters are not a JSON Schema: {error}", code="invalid_json_schema"
             ) from None
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest(), text
+
+    def _cached(self, key: bytes) -> xgr.CompiledGrammar | None:
         with self._lock:
             compiled = self._cache.get(key)
             if compiled is not None:
                 self._cache.move_to_end(key)
-                return compiled
+            return compiled
+
+    def _compile(self, key: bytes, text: str, where: str, started: float) -> xgr.CompiledGrammar:
+        """Compile (a cache miss), refuse what is over the time or memory budget, keep the rest."""
         try:
             compiled = self._compiler.compile_json_schema(
-                key, any_whitespace=False, separators=_SEPARATORS, strict_mode=True
+                text, any_whitespace=False, separators=_SEPARATORS, strict_mode=True
             )
         except (RuntimeError, ValueError) as error:
             raise RenderError(
                 f"invalid JSON schema for the function's parameters: {_xgrammar_message(error)}",
                 code="invalid_json_schema",
             ) from None
+        if time.monotonic() - started > self.limits.compile_seconds:
+            raise self._over_time(where)  # the request already had its 400 (or has it now): not cached
+        size = int(compiled.memory_size_bytes)
+        if size > self.limits.max_grammar_bytes:
+            raise RenderError(
+                f"the grammar of {where} takes {size} bytes; the worker keeps grammars of at most "
+                f"{self.limits.max_grammar_bytes}: simplify the schema",
+                param=where,
+                code=SCHEMA_LIMIT_CODE,
+            )
         with self._lock:
             # Two threads missing on one schema both compile; the second result replaces the first.
             self.compilations += 1
+            previous = self._cache.pop(key, None)
+            if previous is not None:
+                self._cache_bytes -= int(previous.memory_size_bytes)
             self._cache[key] = compiled
-            self._cache.move_to_end(key)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            self._cache_bytes += size
+            while len(self._cache) > self._cache_size or (
+                self._cache_bytes > self.limits.max_cached_grammar_bytes and len(self._cache) > 1
+            ):
+                _, evicted = self._cache.popitem(last=False)
+                self._cache_bytes -= int(evicted.memory_size_bytes)
         return compiled
+
+    def _over_time(self, where: str) -> RenderError:
+        return RenderError(
+            f"compiling the grammar of {where} took more than {self.limits.compile_seconds:g} s (the worker's "
+            "compile budget; it compiles one schema at a time): simplify the schema, or retry later",
+            param=where,
+            code=COMPILE_TIMEOUT_CODE,
+        )

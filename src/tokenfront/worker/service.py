@@ -159,11 +159,14 @@ class WorkerService:
         """Builds each choice's grammar for a forced call: the tool's schema, closed within `max_tokens`."""
         if forced is None:
             return None
-        tool = next(t for t in request.tools or () if t.function.name == forced)
+        index, tool = next((i, t) for i, t in enumerate(request.tools or ()) if t.function.name == forced)
         guided = await self.guided()
-        schema = tool.function.parameters
-        guided.json_schema(schema)  # compile now: an invalid schema is a 400 before anything is submitted
-        return lambda: guided.json_schema(schema, max_tokens=max_tokens)
+        # Checked and compiled now, off the event loop and within the compile budget: an invalid schema, or
+        # one over the limits, is a 400 before anything is submitted (worker/schema_limits.py).
+        compiled = await guided.compile_off_loop(
+            tool.function.parameters, where=f"tools[{index}].function.parameters"
+        )
+        return lambda: guided.constraint(compiled, max_tokens=max_tokens)
 
     # -- completions -------------------------------------------------------------------------------------------
 

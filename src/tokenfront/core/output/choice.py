@@ -14,6 +14,7 @@ a time whatever the chunking, so the concatenated deltas of a stream equal the w
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,7 +24,7 @@ from tokenfront.core.output.calls import ForcedToolCall, ToolCallHold
 from tokenfront.core.output.detokenizer import Decode, IncrementalDetokenizer
 from tokenfront.core.output.harmony import HarmonyStream, reads_harmony
 from tokenfront.core.output.reasoning import ReasoningStream
-from tokenfront.core.output.stop_strings import StopStringMatcher
+from tokenfront.core.output.stop_strings import StopStringMatcher, StopStrings
 from tokenfront.core.reasoning import OutputStart, ReasoningParser, output_start
 from tokenfront.core.tool_calls import ToolCall, ToolCallParser
 from tokenfront.protocol import ChatCompletionRequest
@@ -102,6 +103,11 @@ class OutputConfig:
     def __post_init__(self) -> None:
         if self.forced_tool is not None and self.tool_calls is None:
             raise ValueError("a forced tool call needs the tool-call parser that reads it back")
+
+    @functools.cached_property
+    def stop_strings(self) -> StopStrings:
+        """`stop` compiled into one automaton, once for every choice read with this config."""
+        return StopStrings(self.stop)
 
     @property
     def keep_special_tokens(self) -> bool:
@@ -186,7 +192,7 @@ class ChoiceParser:
         self.config = config
         self._decode = _decoder(tokenizer, keep_special_tokens=config.keep_special_tokens)
         self._detokenizer = IncrementalDetokenizer(self._decode, context=context_ids)
-        self._stop = StopStringMatcher(config.stop)
+        self._stop = StopStringMatcher(config.stop_strings)
         self._reasoning: ReasoningStream | None = None
         self._tools: ToolCallHold | ForcedToolCall | None = None
         self._harmony: HarmonyStream | None = None
@@ -220,12 +226,18 @@ class ChoiceParser:
 
     def push_ids(self, token_ids: Iterable[int]) -> OutputDelta:
         """Add several generated ids (a chunk of a stream); return the delta they make visible."""
-        delta = OutputDelta()
+        # Joined once at the end: `extend` per id would copy the text so far each time (a million ids: minutes).
+        reasoning: list[str] = []
+        content: list[str] = []
+        calls: list[ToolCall] = []
         for token_id in token_ids:
             if self.stopped:
                 break
-            delta.extend(self.push(token_id))
-        return delta
+            step = self.push(token_id)
+            reasoning.append(step.reasoning)
+            content.append(step.content)
+            calls.extend(step.tool_calls)
+        return OutputDelta("".join(reasoning), "".join(content), calls)
 
     def finish(self, reason: str) -> OutputDelta:
         """Flush everything held back, parse tool calls, and resolve the finish reason; call once, last.
@@ -293,7 +305,7 @@ class ChoiceParser:
             )
         try:
             parser._detokenizer = IncrementalDetokenizer.from_state(parser._decode, state["detokenizer"])
-            parser._stop = StopStringMatcher.from_state(config.stop, state["stop"])
+            parser._stop = StopStringMatcher.from_state(config.stop_strings, state["stop"])
             if config.reasoning is not None and parser._reasoning is not None:
                 parser._reasoning = ReasoningStream.from_state(config.reasoning, state["reasoning"])
             if isinstance(parser._tools, ForcedToolCall) and config.forced_tool is not None:

@@ -93,7 +93,8 @@ class FairChooser:
             # min() keeps the first of equals, so never-chosen workers go in candidate order.
             chosen = min(tied, key=lambda worker: self._last_chosen.get(worker.url, 0))
             self._last_chosen[chosen.url] = next(self._clock)
-            if len(self._last_chosen) > self.MAX_REMEMBERED:
+            # Pruning keeps the candidates, so with more of them than that it waits for twice their number.
+            if len(self._last_chosen) > max(self.MAX_REMEMBERED, 2 * len(candidates)):
                 keep = {worker.url for worker in (*candidates, *tied)}
                 self._last_chosen = {url: t for url, t in self._last_chosen.items() if url in keep}
             return chosen
