@@ -9,7 +9,8 @@ VLLM_PEER ?= $(HOME)/.cache/tokenfront-peers/vllm
 RENDER_PORT ?= 8100
 
 .PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-http bench-router \
-	bench-prefill bench-routing bench-robustness peer-vllm compare-vllm compare-vllm-protocol clean
+	bench-prefill bench-routing bench-robustness bench-kv-decision bench-connections bench-health-latency \
+	bench-simulated-fleet peer-vllm compare-vllm compare-vllm-protocol clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -99,6 +100,25 @@ bench-routing: install-test
 bench-robustness: install-test
 	$(BIN)/tokenfront fixtures --only qwen3 tiny-random
 	$(BIN)/python -m benchmarks.robustness
+
+# The KV index in-process: decision p50/p99 (hashing included), events applied per second, bytes per held block.
+bench-kv-decision: install-test
+	$(BIN)/python -m benchmarks.kv_decision
+
+# One renderer holding 10,000 idle or silent connections, slow-loris and huge headers; the protocol's cost.
+bench-connections: install-test
+	$(BIN)/tokenfront fixtures --only qwen3
+	$(BIN)/python -m benchmarks.connections
+
+# /health latency while the largest request each limit allows is served (renderer, worker, router).
+bench-health-latency: install-test
+	$(BIN)/tokenfront fixtures --only smollm2
+	$(BIN)/python -m benchmarks.health_latency
+
+# A fleet of simulated GPU workers in one process: start-up, idle and loaded CPU and RSS at 64 and 256 workers.
+bench-simulated-fleet: install-test
+	$(BIN)/tokenfront fixtures --only qwen3
+	$(BIN)/python -m benchmarks.simulated_fleet --workers 64,256
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

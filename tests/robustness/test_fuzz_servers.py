@@ -24,8 +24,9 @@ What is not fuzzed, and why:
 - `POST /workers` on the router: it adds the URL it is given as a worker, connects to it before answering and
   health-checks it from then on: fuzzed URLs would have the router reach out to arbitrary hosts (this machine
   may only talk to loopback), and each added worker would change what the rest of the run routes to.
-  `GET /workers` and `DELETE /workers` (a URL that is not a worker is a 4xx) are fuzzed;
-  tests/robustness/test_router_fleet.py covers `POST /workers` with hostile URLs on loopback.
+  `GET /workers` and `DELETE /workers` are fuzzed; the fuzzed router has no `--admin-api-key`, so every `DELETE`
+  is the 403 `admin_api_disabled` before its URL is read (tests/router/test_admin_auth.py covers the admin key,
+  tests/robustness/test_router_fleet.py `POST /workers` with hostile URLs on loopback).
 - Generation is bounded, not skipped: on the worker and the router, every generating body gets `max_tokens`
   (and `max_completion_tokens`, `sampling_params.max_tokens`) of at most 4 and `n` of at most 2 before it is
   sent (the schemas given to schemathesis carry the same bounds), so a case costs milliseconds of the

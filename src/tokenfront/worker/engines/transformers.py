@@ -69,6 +69,7 @@ from transformers.utils import logging as transformers_logging
 from tokenfront.core.kv_blocks import KV_CACHE_HASH
 from tokenfront.progress import Progress, format_bytes
 from tokenfront.worker.engine import (
+    ENGINE_COUNTERS,
     NO_TOKEN,
     Engine,
     EngineInfo,
@@ -76,6 +77,7 @@ from tokenfront.worker.engine import (
     GenerationStream,
     SamplingParams,
     TokenOutput,
+    check_runnable,
 )
 from tokenfront.worker.kv_cache import KvLayers, PrefixKvCache
 from tokenfront.worker.kv_events import DEFAULT_MAX_EVENTS, KvEventLog
@@ -179,23 +181,7 @@ class TransformersEngine(Engine):
         self._batch = _Batch()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._counters: dict[str, float] = dict.fromkeys(
-            (
-                "requests_submitted",
-                "requests_finished",
-                "requests_aborted",
-                "requests_failed",
-                "prompt_tokens",
-                "prompt_tokens_cached",
-                "prefill_tokens_computed",
-                "prefill_seconds",
-                "decode_steps",
-                "decode_tokens",
-                "decode_seconds",
-                "decode_batch_size_max",
-            ),
-            0.0,
-        )
+        self._counters: dict[str, float] = dict.fromkeys(ENGINE_COUNTERS, 0.0)
 
     # ------------------------------------------------------------------ the Engine interface
 
@@ -294,17 +280,7 @@ class TransformersEngine(Engine):
     # ------------------------------------------------------------------ the event-loop side
 
     def _validate(self, request: GenerationRequest) -> None:
-        ids = request.prompt_token_ids
-        if not ids:
-            raise ValueError("the prompt has no tokens")
-        if request.params.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
-        if self.max_context is not None and len(ids) >= self.max_context:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens; this model's context is {self.max_context} tokens"
-            )
+        check_runnable(request, self.vocab_size, self.max_context)
 
     async def _iterate(
         self, request_id: str, outputs: asyncio.Queue[TokenOutput | BaseException]
