@@ -52,7 +52,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
 
 from tokenfront import fixtures
 from tokenfront.core.errors import RenderError
@@ -576,14 +575,14 @@ FINISH_REASONS = st.one_of(st.none(), st.sampled_from(["stop", "length", "abort"
 
 # -- the pipeline as the routes call it -------------------------------------------------------------------------
 
-_JSON_REQUEST = Request({"type": "http", "headers": [(b"content-type", b"application/json")]})
+_JSON_CONTENT_TYPE = "application/json"
 
 
 def _as_served(body: dict[str, Any], model: type[BaseModel]) -> tuple[Any, dict[str, Any], bytes]:
     """The body as a lean route takes it: JSON bytes, parsed strictly, validated by the route's model (its
     pydantic errors answered as the route answers them, an APIError)."""
     raw = json.dumps(body, ensure_ascii=False).encode("utf-8")
-    parsed = _parse(raw, _JSON_REQUEST)
+    parsed = _parse(raw, _JSON_CONTENT_TYPE)
     try:
         request = model.model_validate(parsed)
     except ValidationError as exc:
