@@ -206,18 +206,23 @@ def _serve(app: Any, args: argparse.Namespace, sock: Any, port: int, *, workers:
     # pages too.
     gc.collect()
     gc.freeze()
-    run_server(
-        app,
-        host=args.host,
-        port=port,
-        log_level=args.log_level,
-        access_log=args.access_log,
-        log_format=args.log_format,
-        workers=workers,
-        shutdown_timeout=args.shutdown_timeout,
-        connection_limits=_connection_limits(args),
-        sock=sock,
-    )
+    try:
+        run_server(
+            app,
+            host=args.host,
+            port=port,
+            log_level=args.log_level,
+            access_log=args.access_log,
+            log_format=args.log_format,
+            workers=workers,
+            shutdown_timeout=args.shutdown_timeout,
+            connection_limits=_connection_limits(args),
+            sock=sock,
+        )
+    finally:
+        # Collectable again before the interpreter exits, so native objects (torch's triton bindings) are freed
+        # as they always were, not reported at exit by nanobind as leaked (a stray line on stderr).
+        gc.unfreeze()
 
 
 def _connection_limits(args: argparse.Namespace) -> ConnectionLimits:
