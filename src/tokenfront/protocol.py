@@ -358,6 +358,15 @@ class CompletionRequest(_GenerationFields):
             raise ValueError("must not contain an empty token list")
         return value
 
+    @property
+    def prompt_count(self) -> int:
+        """How many prompts `prompt` holds: a text or one id list is one; a list of texts or of id lists, its
+        length."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            return len(prompt)
+        return 1
+
 
 # -- /tokenize and /detokenize (vLLM 0.33's `entrypoints/serve/tokenize/protocol.py`) -------------------------
 

@@ -262,7 +262,7 @@ class Proxy:
         """Render a completions request (every prompt) and decide what goes to the worker."""
         self._check_model(request.model)
         stream, salt = bool(request.stream), request.cache_salt
-        budget = self._event_budget(request, request.max_tokens, _prompt_count(request.prompt))
+        budget = self._event_budget(request, request.max_tokens, request.prompt_count)
         if self.pipeline is None:
             return self._unchanged(
                 "completion",
@@ -775,13 +775,6 @@ def _client_error(exc: WorkerTransportError) -> tuple[int, str]:
 
 def _flag(value: bool) -> str:
     return "true" if value else "false"
-
-
-def _prompt_count(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
-    """How many prompts a completions request's `prompt` holds (a list of ids is one)."""
-    if isinstance(prompt, str) or isinstance(prompt[0], int):
-        return 1
-    return len(prompt)
 
 
 def _with_field(raw_body: bytes, name: str, value: Any) -> bytes:

@@ -180,7 +180,7 @@ class WorkerService:
                 400, "echo with logprobs is not supported (prompt logprobs are not computed)", param="echo"
             )
         n = request.n or 1
-        check_request_size(_prompt_count(request.prompt), n)  # before any prompt is read
+        check_request_size(request.prompt_count, n)  # before any prompt is read
         prompts = await render_off_loop(raw, request, self.prompts.completion, request)
         request_id = completion_request_id()
         output = OutputConfig.for_completion(stop=request.stop, hidden_ids=self.sampling.eos_ids)
@@ -275,13 +275,6 @@ class WorkerService:
         except Exception as exc:  # headers are sent: the error can only be reported in the stream itself
             yield sse_event(stream_error(formatter.head.request_id, exc))
         yield SSE_DONE
-
-
-def _prompt_count(prompt: str | list[str] | list[int] | list[list[int]]) -> int:
-    """How many prompts a completions `prompt` holds (a text, texts, one id list, id lists)."""
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        return len(prompt)
-    return 1
 
 
 def _chat_logprobs_count(request: ChatCompletionRequest) -> int | None:
