@@ -10,7 +10,7 @@ RENDER_PORT ?= 8100
 
 .PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-http bench-router \
 	bench-prefill bench-routing bench-robustness bench-kv-decision bench-connections bench-health-latency \
-	bench-simulated-fleet peer-vllm compare-vllm compare-vllm-protocol clean
+	bench-simulated-fleet bench-fleet peer-vllm compare-vllm compare-vllm-protocol clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -119,6 +119,13 @@ bench-health-latency: install-test
 bench-simulated-fleet: install-test
 	$(BIN)/tokenfront fixtures --only qwen3
 	$(BIN)/python -m benchmarks.simulated_fleet --workers 64,256
+
+# Routing policies on a simulated fleet at load 0.7 of the agentic workload: live at 64 workers (real servers),
+# offline on the virtual clock at 1,000 (docs/routing.md). 64 workers carry a clock at 0.25 (256 need 0.1).
+bench-fleet: install-test
+	$(BIN)/tokenfront fixtures --only qwen3
+	$(BIN)/python -m benchmarks.fleet --workers 64 --load 0.7 --sim-speedup 0.25
+	$(BIN)/python -m benchmarks.fleet --offline --workers 1000 --load 0.7 --duration 20
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,6 +20,8 @@ from pathlib import Path
 
 HOST = "127.0.0.1"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# A base URL as `tokenfront simulate` prints each worker's, one a line.
+_PRINTED_URL = re.compile(r"^http://127\.0\.0\.1:(\d+)$", re.MULTILINE)
 
 
 def free_port() -> int:
@@ -173,6 +176,20 @@ def wait_healthy(servers: Iterable[Server], timeout: float = 300.0, interval: fl
                     f"{pending[0].name} ({pending[0].url}) did not start:\n{pending[0].log_tail()}"
                 )
             time.sleep(interval)
+
+
+def wait_for_urls(fleet: Server, workers: int, timeout: float = 300.0) -> list[int]:
+    """The ports of a `tokenfront simulate` fleet's workers, read from its output once it has printed all of
+    them; RuntimeError with its log if it exits or has not printed them in `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ports = [int(port) for port in _PRINTED_URL.findall(fleet.log_path.read_text(errors="replace"))]
+        if len(ports) >= workers:
+            return ports[:workers]
+        if fleet.process.poll() is not None:
+            raise RuntimeError(f"the fleet exited with {fleet.process.returncode}:\n{fleet.log_tail()}")
+        time.sleep(0.2)
+    raise RuntimeError(f"the fleet did not print {workers} URLs in {timeout} s:\n{fleet.log_tail()}")
 
 
 def stop_all(servers: Iterable[Server]) -> None:

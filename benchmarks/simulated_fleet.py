@@ -34,10 +34,8 @@ from typing import Any
 import httpx
 import orjson
 
-from benchmarks.servers import Server, launch
+from benchmarks.servers import launch, wait_for_urls
 from tokenfront import fixtures
-
-_URL = re.compile(r"^http://127\.0\.0\.1:(\d+)$", re.MULTILINE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +66,7 @@ def _measure(model: Path, workers: int, logs: Path, args: argparse.Namespace) ->
     command += ["--workers", str(workers), "--host", "127.0.0.1", "--port", "0"]
     fleet = launch(f"simulate-{workers}", command, port=0, log_dir=logs)
     try:
-        ports = _wait_for_urls(fleet, workers)
+        ports = wait_for_urls(fleet, workers)
         started = time.monotonic() - fleet.launched_at
         fleet.wait_settled(timeout=60)
         before = fleet.cpu_seconds()
@@ -97,19 +95,6 @@ def _measure(model: Path, workers: int, logs: Path, args: argparse.Namespace) ->
         }
     finally:
         fleet.stop()
-
-
-def _wait_for_urls(fleet: Server, workers: int, timeout: float = 300.0) -> list[int]:
-    """The workers' ports, read from the fleet's output once it has printed all of them."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ports = [int(port) for port in _URL.findall(fleet.log_path.read_text(errors="replace"))]
-        if len(ports) >= workers:
-            return ports[:workers]
-        if fleet.process.poll() is not None:
-            raise RuntimeError(f"the fleet exited with {fleet.process.returncode}:\n{fleet.log_tail()}")
-        time.sleep(0.2)
-    raise RuntimeError(f"the fleet did not print {workers} URLs in {timeout} s:\n{fleet.log_tail()}")
 
 
 async def _load(ports: list[int], args: argparse.Namespace) -> dict[str, Any]:

@@ -96,13 +96,20 @@ def test_every_error_type_is_named() -> None:
 def _strings(node: ast.AST | None) -> set[str]:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return {node.value}
+    if isinstance(node, ast.BoolOp):  # `outcome.reason or "no_render"`
+        return set().union(*(_strings(value) for value in node.values))
     return set()
 
 
 def _not_forwarded_reasons() -> set[str]:
     """Every `reason` label the router can count: what `never_forward_reason` returns, what `Proxy` passes to
-    `_unchanged` or counts directly, and the gate's own."""
+    `_unchanged` or counts directly, the gate's own, and a render's (`RenderOutcome(None, reason)`)."""
     reasons: set[str] = set()
+    for name in ("bounded_render.py", "proxy.py"):
+        for node in ast.walk(ast.parse((SRC / "router" / name).read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call) or ast.unparse(node.func) != "RenderOutcome":
+                continue
+            reasons |= _strings(node.args[1]) if len(node.args) == 2 else set()
     gate = ast.parse((SRC / "router" / "gate.py").read_text(encoding="utf-8"))
     for function in ast.walk(gate):
         if isinstance(function, ast.FunctionDef) and function.name == "never_forward_reason":
@@ -132,7 +139,7 @@ def test_every_not_forwarded_reason_is_documented() -> None:
     found = _not_forwarded_reasons()
     table = _section(_doc("fingerprint.md"), "## Why a request is not forwarded")
     documented = {row[0].strip("`") for row in _table_rows(table)[1:]}
-    assert len(found) == 8, sorted(found)
+    assert len(found) == 10, sorted(found)
     assert documented == found
 
 

@@ -7,6 +7,7 @@ rather than once per turn; `prompt_token_ids()` joins them when the request is s
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -63,4 +64,11 @@ def random_ids(rng: random.Random, count: int, id_range: tuple[int, int]) -> tup
     """`count` token ids drawn uniformly from [low, high): content that no other draw repeats by chance (two
     draws share a given 16-token block with odds of about 1 in 10**72 for the workloads' default range)."""
     low, high = id_range
-    return tuple(rng.choices(range(low, high), k=count))
+    # The same draws as from the range itself, but every id is one shared int object: a fleet-sized workload
+    # holds tens of millions of ids, at a pointer each rather than an int object each.
+    return tuple(rng.choices(_id_objects(low, high), k=count))
+
+
+@functools.lru_cache(maxsize=8)
+def _id_objects(low: int, high: int) -> tuple[int, ...]:
+    return tuple(range(low, high))

@@ -453,10 +453,13 @@ def _run_route(args: argparse.Namespace) -> int:
     _check_workers(args.worker)
     _check_api_key(args.worker_api_key, "--worker-api-key", "TOKENFRONT_WORKER_API_KEY")
     _check_admin_api_key(args)
+    _check_render_processes(args)
+    policy_options = _policy_options(args)
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     port = int(sock.getsockname()[1])
     from tokenfront.core.render import RenderPipeline
     from tokenfront.router.app import RouterSettings, create_router_app
+    from tokenfront.router.bounded_render import RenderSettings
     from tokenfront.router.worker_allow import WorkerAllowList
     from tokenfront.router.workers import PoolSettings
 
@@ -476,6 +479,7 @@ def _run_route(args: argparse.Namespace) -> int:
         load_weight=args.load_weight,
         cache_threshold=args.cache_threshold,
         default_tokens_per_block=args.tokens_per_block,
+        policy_options=policy_options,
         served_model_names=tuple(args.served_model_name or ()),
         pool=PoolSettings(
             health_interval=args.health_interval,
@@ -492,6 +496,7 @@ def _run_route(args: argparse.Namespace) -> int:
         listen=(args.host, port),
         worker_allow=WorkerAllowList.of(args.worker_allow) if args.worker_allow else None,
         max_workers=args.max_workers,
+        render=RenderSettings(timeout=args.render_timeout, processes=args.render_processes),
     )
     if pipeline is not None:
         log.info(
@@ -515,6 +520,17 @@ def _run_route(args: argparse.Namespace) -> int:
     with _finishing_background_work(pipeline):
         _serve(app, args, sock, port)
     return 0
+
+
+def _check_render_processes(args: argparse.Namespace) -> None:
+    """`--render-processes N`: at most four per CPU (more only queue for the cores; without --model or
+    --tokenizer, `create_router_app` refuses any)."""
+    most = (os.cpu_count() or 1) * 4
+    if args.render_processes > most:
+        raise TokenfrontError(
+            f"--render-processes {args.render_processes}: at most {most} (4 per CPU; this machine has "
+            f"{os.cpu_count() or 1}); more processes than that only queue for the cores"
+        )
 
 
 def _apply_limits(args: argparse.Namespace) -> None:
@@ -642,6 +658,36 @@ def _worker_spec(text: str) -> object:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _policy_options(args: argparse.Namespace) -> tuple[object, ...]:
+    """The routing policies' own settings from the flags; TokenfrontError for a value a policy refuses."""
+    from tokenfront.router.policies import PredictedTtftConfig
+
+    try:
+        predicted_ttft = PredictedTtftConfig(
+            prefill_tokens_per_second=args.prefill_tokens_per_second,
+            decode_seconds_per_request=args.decode_seconds_per_request,
+            overlap_credit=args.overlap_credit,
+            occupancy_weight=args.occupancy_weight,
+            temperature=args.routing_temperature,
+            seed=args.routing_seed,
+        )
+    except ValueError as exc:  # an infinite rate, say: argparse takes "inf" for a float
+        message = str(exc)
+        for name, flag in _PREDICTED_TTFT_FLAGS.items():
+            message = message.replace(name, flag)
+        raise TokenfrontError(message) from exc
+    return (predicted_ttft,)
+
+
+_PREDICTED_TTFT_FLAGS = {
+    "prefill_tokens_per_second": "--prefill-tokens-per-second",
+    "decode_seconds_per_request": "--decode-seconds-per-request",
+    "overlap_credit": "--overlap-credit",
+    "occupancy_weight": "--occupancy-weight",
+    "temperature": "--routing-temperature",
+}
+
+
 def _float_between(low: float, high: float = float("inf"), *, low_inclusive: bool = True) -> Any:
     """An argparse type: a float in [low, high] (or (low, high] when `low_inclusive` is false)."""
 
@@ -680,10 +726,51 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--policy",
-        choices=["kv_cache_aware", "load_balancing", "round_robin"],
+        choices=["kv_cache_aware", "load_balancing", "predicted_ttft", "round_robin"],
         default="kv_cache_aware",
         help="how a worker is chosen (default: kv_cache_aware: the longest cached prefix, minus a load "
-        "penalty)",
+        "penalty; predicted_ttft: the lowest predicted time to first token)",
+    )
+    group.add_argument(
+        "--prefill-tokens-per-second",
+        type=_positive_float,
+        default=20_000.0,
+        help="predicted_ttft: prompt tokens a worker prefills a second (default: 20000, the simulated "
+        "engine's)",
+    )
+    group.add_argument(
+        "--decode-seconds-per-request",
+        type=_non_negative_float,
+        default=0.0002,
+        help="predicted_ttft: seconds of a decode step each request in flight on a worker adds to a new "
+        "request's first token (default: 0.0002)",
+    )
+    group.add_argument(
+        "--overlap-credit",
+        type=_non_negative_float,
+        default=1.0,
+        help="predicted_ttft: weight of a cached prompt token against the prefill it saves; 0 ignores the "
+        "cache (default: 1.0)",
+    )
+    group.add_argument(
+        "--occupancy-weight",
+        type=_non_negative_float,
+        default=0.25,
+        help="predicted_ttft: the queueing a prompt token in flight on a worker (the KV its running requests "
+        "hold) predicts, in prefill tokens; 0 counts only pending prefill (default: 0.25)",
+    )
+    group.add_argument(
+        "--routing-temperature",
+        type=_non_negative_float,
+        default=0.0,
+        help="predicted_ttft: seconds; above 0 the worker is drawn with probabilities softmax(-predicted "
+        "TTFT / temperature) instead of the lowest (default: 0)",
+    )
+    group.add_argument(
+        "--routing-seed",
+        type=_non_negative_int,
+        default=None,
+        help="predicted_ttft: the seed of the --routing-temperature draw (default: none, fresh entropy)",
     )
     group.add_argument(
         "--load-weight",
@@ -761,6 +848,24 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=256,
         help="pooled connections to each worker at most (default: 256)",
+    )
+    group.add_argument(
+        "--render-timeout",
+        type=_positive_float,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds a request's render (for routing and forwarding its ids) may take, its queue included; a "
+        "render later than that, or one that fails for a reason not the client's, sends the request as the "
+        "client sent it (the worker renders it), routed by load alone, and is counted in "
+        "tokenfront_router_renders_total (default: 2)",
+    )
+    group.add_argument(
+        "--render-processes",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="render in N processes of their own (each loads the router's checkpoint; one that dies is "
+        "replaced), at most 4 per CPU; 0 renders in the router's process, on its render thread (default: 0)",
     )
     group.add_argument(
         "--worker-api-key",

@@ -179,11 +179,13 @@ def test_round_robin_rotates_in_order_and_adapts_to_membership() -> None:
 
 
 def test_registry_and_unknown_name() -> None:
-    assert sorted(POLICIES) == ["kv_cache_aware", "load_balancing", "round_robin"]
+    assert sorted(POLICIES) == ["kv_cache_aware", "load_balancing", "predicted_ttft", "round_robin"]
     for name, policy_class in POLICIES.items():
         assert policy_class.name == name
         assert build_policy(name, kv_index=KvIndex()).name == name
-    with pytest.raises(ValueError, match="kv_cache_aware, load_balancing, round_robin") as error:
+    with pytest.raises(
+        ValueError, match="kv_cache_aware, load_balancing, predicted_ttft, round_robin"
+    ) as error:
         build_policy("cache_aware", kv_index=KvIndex())
     assert "'cache_aware'" in str(error.value)
 
@@ -194,6 +196,10 @@ def test_hooks_have_safe_defaults() -> None:
     policy.on_routed(worker, RouteRequest(None))
     policy.on_complete(worker, RouteRequest(None), ok=False)
     assert build_policy("kv_cache_aware", kv_index=KvIndex()).explain() == {}
+    # A policy that does not look at caches predicts nothing of them, and its load is the requests in flight.
+    routing = policy.route([WorkerLoad("http://w0", active_requests=3)], RouteRequest([1, 2, 3]))
+    assert routing.worker.url == "http://w0" and routing.predicted_cached_tokens is None
+    assert policy.predicted_load(routing.worker) == {"active_requests": 3.0}
 
 
 def test_kv_cache_aware_spreads_new_conversations_that_share_only_the_opening() -> None:

@@ -27,6 +27,7 @@ from tokenfront.core.errors import TokenfrontError
 from tokenfront.core.render import RenderPipeline
 from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
+from tokenfront.router.bounded_render import BoundedRender, RenderSettings
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies import build_policy
@@ -40,6 +41,7 @@ from tokenfront.router.routes import (
     served_model_names,
     workers_router,
 )
+from tokenfront.router.routing_metrics import RoutingMetrics
 from tokenfront.router.worker_allow import WorkerAllowList
 from tokenfront.router.workers import (
     LOOP_CODE,
@@ -58,7 +60,7 @@ from tokenfront.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("kv_cache_aware", "load_balancing", "round_robin")
+POLICIES = ("kv_cache_aware", "load_balancing", "predicted_ttft", "round_robin")
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class RouterSettings:
     load_weight: float = 1.0
     default_tokens_per_block: int = 16
     cache_threshold: float = 0.5
+    # Policies' own settings dataclasses (e.g. `PredictedTtftConfig`): each policy takes its own.
+    policy_options: tuple[object, ...] = ()
     served_model_names: Sequence[str] = ()
     pool: PoolSettings = field(default_factory=PoolSettings)
     # Where the router listens (`--host`, `--port`): a `--worker` naming it is refused at start-up. A router
@@ -79,6 +83,8 @@ class RouterSettings:
     # (`--max-workers`), for `--worker` and `POST /workers` alike.
     worker_allow: WorkerAllowList | None = None
     max_workers: int = 4096
+    # How long a render for routing may take (`--render-timeout`), and where it runs (`--render-processes`).
+    render: RenderSettings = field(default_factory=RenderSettings)
 
 
 def create_router_app(
@@ -95,8 +101,13 @@ def create_router_app(
     `pipeline` None is a router without a tokenizer: it routes by load only and never forwards ids.
     `admin_api_key` opens the admin writes (`POST`/`DELETE /workers`); None: they are off.
     TokenfrontError (one line) when two `settings.workers` are one worker, one is the router itself, one is
-    outside `settings.worker_allow`, or there are more than `settings.max_workers`.
+    outside `settings.worker_allow`, or there are more than `settings.max_workers`; and when render processes
+    are asked for without a pipeline. The render processes start with the app's lifespan, before it serves.
     """
+    if settings.render.processes and pipeline is None:
+        raise TokenfrontError(
+            "--render-processes needs --model or --tokenizer: the router has nothing to render"
+        )
     kv_index = KvIndex()
     policy = build_policy(
         settings.policy,
@@ -104,6 +115,7 @@ def create_router_app(
         load_weight=settings.load_weight,
         default_tokens_per_block=settings.default_tokens_per_block,
         cache_threshold=settings.cache_threshold,
+        options=settings.policy_options,
     )
     has_model_path = pipeline is not None and pipeline.checkpoint.model_path is not None
     gate = ForwardingGate(pipeline.fingerprint if pipeline else None, has_model_path=has_model_path)
@@ -127,6 +139,7 @@ def create_router_app(
     check_worker_admission(settings)
     server_metrics = ServerMetrics()
     metrics = RouterMetrics(server_metrics.registry)
+    routing_metrics = RoutingMetrics(server_metrics.registry, policy, pool)
     pool.on_change = lambda: _reevaluate(pool, gate, metrics)
     proxy = Proxy(
         pipeline=pipeline,
@@ -134,7 +147,9 @@ def create_router_app(
         gate=gate,
         policy=policy,
         metrics=metrics,
+        routing_metrics=routing_metrics,
         served_model_names=settings.served_model_names,
+        render=settings.render,
     )
     app = create_app(
         role="router",
@@ -160,7 +175,7 @@ def create_router_app(
     app.include_router(render_router() if pipeline is not None else render_unavailable_router())
     app.include_router(derender_router())
     app.include_router(inspector_router())  # its workers; a router with a tokenizer renders there too
-    app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers)
+    app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers, proxy.renders)
     # Outermost on both paths (FastAPI's and the lean routes'), before auth: a request carrying this router's
     # own id came back to it.
     app.add_middleware(LoopGuard, router_id=router_id)
@@ -236,10 +251,17 @@ def _reevaluate(pool: WorkerPool, gate: ForwardingGate, metrics: RouterMetrics) 
 
 
 def _lifespan(
-    pool: WorkerPool, gate: ForwardingGate, metrics: RouterMetrics, workers: Sequence[WorkerSpec]
+    pool: WorkerPool,
+    gate: ForwardingGate,
+    metrics: RouterMetrics,
+    workers: Sequence[WorkerSpec],
+    renders: BoundedRender | None,
 ) -> Any:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if renders is not None:
+            # Spawned here, in the process that serves (never before a fork), and ready before it serves.
+            await renders.start(on_replaced=metrics.render_processes_replaced.inc)
         await pool.start(workers)
         _reevaluate(pool, gate, metrics)  # also with no worker answering yet: the router's own reasons
         log.info(
@@ -252,5 +274,7 @@ def _lifespan(
             yield
         finally:
             await pool.stop()
+            if renders is not None:
+                await renders.stop()
 
     return lifespan

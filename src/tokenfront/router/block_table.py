@@ -7,6 +7,11 @@ linear probing over a power-of-two array of slots, each slot holding a row numbe
 Every operation takes a whole array of keys and probes one slot per key per round, the keys still unresolved
 going on to the next round, so the 2,048 block hashes of a 32k-token prompt cost a few dozen numpy calls
 rather than 2,048 Python steps; the last few keys of a batch (the longest probe runs) are probed in Python.
+New keys get rows in the order they come in, so a chain stored at once (a worker's "stored" event, a routed
+prompt's new blocks) sits in consecutive rows, and a lookup first reads runs of keys off the rows after their
+first key's: a probe and a sequential compare a run, where the slots cost a random memory access a key (the
+slot array of a large fleet is far larger than the CPU's caches). Small batches (a prompt's new tail) are
+placed and looked up in Python, one key after the other.
 A key costs about 24 bytes (4 a slot at the table's load, its own 8, and 4 for the slot its row sits in) plus
 its columns, where a Python dict entry with its int costs about 100. A deleted key leaves a marker probes
 go past, cleared when the slot after it is empty, and left behind when the keys move to a larger array.
@@ -29,10 +34,14 @@ _EMPTY = 0  # a slot never used in this array: a probe stops here
 _DELETED = -1  # a slot whose key was deleted: a probe goes on past it, an insert may reuse it
 _MAX_LOAD = 0.5  # used slots (live and deleted) over capacity before a rebuild
 _SCALAR_TAIL = 16  # this few keys left, probing goes on in Python: cheaper than numpy calls on tiny arrays
+_SCALAR_BATCH = 64  # this few keys are placed in Python, one after the other (a routed prompt's new blocks)
 _MOVE_STEP = 4096  # old slots moved into new ones per change while the table grows (a quarter per lookup)
 _MOVE_AT_ONCE = 1 << 18  # old slots this few are moved at once (a few milliseconds)
 _MAX_SLOTS = 1 << 31  # slot and row numbers are int32
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_UINT64_MAX = (1 << 64) - 1
+_MAX_RUNS = 8  # runs of keys in consecutive rows a lookup reads off before it probes the slots for the rest
+_MIN_RUN = 16  # a run shorter than this: the keys are not a chain stored in order, the slots are cheaper
 
 
 def as_keys(values: object) -> np.ndarray:
@@ -51,16 +60,24 @@ def as_keys(values: object) -> np.ndarray:
     return keys
 
 
-def distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(unique, inverse)`` as ``np.unique`` gives them, cheaper in the usual case of no repeats."""
+def distinct(values: np.ndarray, *, keep_order: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(unique, inverse)`` as ``np.unique`` gives them, cheaper in the usual case of no repeats.
+
+    With ``keep_order``, values without repeats come back as given (new rows are then handed out in a chain's
+    order, so its rows sit together in every column and a walk reads them in sequence); a few are checked in
+    a Python set, cheaper than a sort for a routed prompt's new blocks."""
     if len(values) < 2:
         return values, np.zeros(len(values), np.int64)
+    if keep_order and len(values) <= _SCALAR_BATCH and len(set(values.tolist())) == len(values):
+        return values, np.arange(len(values))
     order = np.argsort(values)
-    ordered = values[order]
-    if (ordered[1:] != ordered[:-1]).all():
+    in_order = values[order]
+    if (in_order[1:] != in_order[:-1]).all():
+        if keep_order:
+            return values, np.arange(len(values))
         inverse = np.empty(len(values), np.int64)
         inverse[order] = np.arange(len(values))
-        return ordered, inverse
+        return in_order, inverse
     unique, inverse = np.unique(values, return_inverse=True)
     return unique, inverse.reshape(-1)
 
@@ -76,6 +93,7 @@ class _Slots:
         self.used = 0  # slots not empty: live keys and deleted ones
         self._shift = np.uint64(64 - (capacity.bit_length() - 1))
         self._seed = seed
+        self._home_ints = (int(seed), int(_GOLDEN), int(self._shift))  # `home` in Python ints, for `find_one`
 
     @property
     def capacity(self) -> int:
@@ -84,18 +102,36 @@ class _Slots:
     def home(self, keys: np.ndarray) -> np.ndarray:
         return (((keys ^ self._seed) * _GOLDEN) >> self._shift).astype(np.int64)
 
+    def find_one(self, key: int, row_keys: np.ndarray) -> int:
+        """``find`` for one key, in Python (``home``'s arithmetic on an int: cheaper than numpy on one key)."""
+        seed, golden, shift = self._home_ints
+        slot = (((key ^ seed) * golden) & _UINT64_MAX) >> shift
+        rows, mask = self.rows, self.mask
+        while (value := rows.item(slot)) != _EMPTY:
+            if value > 0 and row_keys.item(value - 1) == key:
+                return int(value) - 1
+            slot = (slot + 1) & mask
+        return -1
+
     def find(self, keys: np.ndarray, row_keys: np.ndarray) -> np.ndarray:
         """The row of each key here (int64), -1 for a key not here."""
-        rows = np.full(len(keys), -1, np.int64)
-        pending = np.arange(len(keys))
         slots = self.home(keys)
+        # The first probe, for every key (most sit in their home slot), fills the answer in one pass.
+        slot_rows = self.rows[slots] - 1
+        # An empty or deleted slot (-1, -2) reads a row key from the end of the array: not a hit.
+        hit = row_keys[slot_rows] == keys
+        hit &= slot_rows >= 0
+        rows = np.where(hit, slot_rows, np.int64(-1))
+        # A key is never stored past an empty slot of its probe sequence: an empty slot ends its search
+        # (`going on` is "not empty and not hit": a > on booleans).
+        pending = np.flatnonzero((slot_rows != _EMPTY - 1) > hit)
+        keys, slots = keys[pending], (slots[pending] + 1) & self.mask
         while len(pending) > _SCALAR_TAIL:
             slot_rows = self.rows[slots] - 1
-            # An empty or deleted slot (-1, -2) reads a row key from the end of the array: not a hit.
-            hit = (row_keys[slot_rows] == keys) & (slot_rows >= 0)
+            hit = row_keys[slot_rows] == keys
+            hit &= slot_rows >= 0
             rows[pending[hit]] = slot_rows[hit]
-            # A key is never stored past an empty slot of its probe sequence: an empty slot ends its search.
-            going_on = ~hit & (slot_rows != _EMPTY - 1)
+            going_on = (slot_rows != _EMPTY - 1) > hit
             pending, keys, slots = pending[going_on], keys[going_on], (slots[going_on] + 1) & self.mask
         slot_rows, mask = self.rows, self.mask
         for position, key, slot in zip(pending.tolist(), keys.tolist(), slots.tolist(), strict=True):
@@ -109,8 +145,17 @@ class _Slots:
     def place(self, rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """Put rows (keys not here yet) into the first free slot of each key's probe run: their slots."""
         slot_rows, mask = self.rows, self.mask
-        # Each key's first free slot as if it were alone...
         targets = self.home(keys)
+        if len(keys) <= _SCALAR_BATCH:  # a few keys: one after the other, each taking its first free slot
+            placed = []
+            for slot, row in zip(targets.tolist(), rows.tolist(), strict=True):
+                while (value := slot_rows.item(slot)) > 0:
+                    slot = (slot + 1) & mask
+                self.used += value == _EMPTY
+                slot_rows[slot] = row + 1
+                placed.append(slot)
+            return np.array(placed, np.int64)
+        # Each key's first free slot as if it were alone...
         pending = np.arange(len(keys))
         while len(pending) > _SCALAR_TAIL:
             taken = slot_rows[targets[pending]] > 0
@@ -202,12 +247,25 @@ class BlockTable:
         return np.concatenate(live).astype(np.int64) - 1
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """The row of each key (int64), -1 for a key the table does not hold."""
-        rows = self._slots.find(keys, self._row_keys)
+        """The row of each key (int64), -1 for a key the table does not hold.
+
+        New keys get rows in the order they come in (``add``), so a chain stored at once sits in consecutive
+        rows: runs of keys are read off the rows after their first key's (one probe, then a sequential
+        compare with the rows' keys), where probing the slots costs a random memory access a key. The keys
+        after the runs are probed in the slots."""
+        rows = np.full(len(keys), -1, np.int64)
+        start = self._read_runs(keys, rows)
+        if len(keys) - start <= _SCALAR_BATCH:  # a few left (a prompt's new blocks): one at a time, in Python
+            for position, key in enumerate(keys[start:].tolist(), start):
+                rows[position] = self._find_one(key)
+        else:
+            found = self._slots.find(keys[start:], self._row_keys)
+            if self._old is not None:
+                missing = np.flatnonzero(found < 0)
+                if len(missing):
+                    found[missing] = self._old.find(keys[start:][missing], self._row_keys)
+            rows[start:] = found
         if self._old is not None:
-            missing = rows < 0
-            if missing.any():
-                rows[missing] = self._old.find(keys[missing], self._row_keys)
             self._move_some(0)  # lookups move old slots too, so a table that stops changing still finishes
         return rows
 
@@ -217,7 +275,7 @@ class BlockTable:
         rows = self.lookup(keys)
         created = rows < 0
         if created.any():
-            new_keys, inverse = distinct(keys[created])  # a key may be given twice
+            new_keys, inverse = distinct(keys[created], keep_order=True)  # a key may be given twice
             rows[created] = self.add(new_keys)[inverse]
         return rows, created
 
@@ -243,6 +301,7 @@ class BlockTable:
             in_old = (slots < old.capacity) & (old.rows[np.minimum(slots, old.mask)] == rows + 1)
             old.remove(slots[in_old])
             self._slots.remove(slots[~in_old])
+        self._row_slot[rows] = -1  # a free row: its stale key is no match for `_read_runs`
         for column in self.columns.values():
             column[rows] = 0
         if self._n_free + len(rows) > len(self._free):
@@ -253,6 +312,32 @@ class BlockTable:
         self._move_some(len(rows))
 
     # --- internals -----------------------------------------------------------------------------------------
+
+    def _find_one(self, key: int) -> int:
+        row = self._slots.find_one(key, self._row_keys)
+        if row < 0 and self._old is not None:
+            row = self._old.find_one(key, self._row_keys)
+        return row
+
+    def _read_runs(self, keys: np.ndarray, rows: np.ndarray) -> int:
+        """Fill ``rows`` for the leading runs of ``keys`` held in consecutive rows; where the runs end."""
+        start, row_keys, row_slot = 0, self._row_keys, self._row_slot
+        for _ in range(_MAX_RUNS):
+            if start == len(keys):
+                break
+            first = self._find_one(int(keys[start]))
+            if first < 0:
+                break
+            end = first + min(len(keys) - start, self._next_row - first)
+            # The rows after `first` holding the next keys, live (a free row's slot is -1): a run of the chain.
+            same = row_keys[first:end] == keys[start : start + end - first]
+            same &= row_slot[first:end] >= 0
+            run = len(same) if same.all() else int(same.argmin())
+            rows[start : start + run] = np.arange(first, first + run)
+            start += run
+            if run < _MIN_RUN:
+                break
+        return start
 
     def _reserve_slots(self, count: int) -> None:
         slots = self._slots

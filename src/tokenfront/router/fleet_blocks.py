@@ -463,12 +463,13 @@ class FleetBlocks:
         return slots
 
     def _rows(self, keys: np.ndarray) -> np.ndarray:
-        """The rows of ``keys`` (-1: not held by anyone), reusing the last walk's when nothing changed since."""
+        """The rows of ``keys`` (-1: not held by anyone), reusing the last walk's when nothing changed since:
+        the same array, not to be written to."""
         last = self._last_rows
         if last is not None and last[0] is keys and last[1] == self._version:
-            return last[2].copy()
+            return last[2]
         rows = self._table.lookup(keys)
-        self._last_rows = (keys, self._version, rows.copy())
+        self._last_rows = (keys, self._version, rows)
         return rows
 
     def _walk(self, keys: np.ndarray, now: float) -> list[tuple[int, int]]:
@@ -527,8 +528,12 @@ class FleetBlocks:
         segment = rows[start:]
         held = holders[start:] == slot
         if self._has_events[slot]:
-            confirmed = (columns["flags"][segment] >> 1) != 0
-            held &= confirmed | (now - columns["routed_at"][segment] < self.routed_ttl_s)
+            # Confirmed blocks (a location bit: flags of 2 or more) always count; guesses until their TTL.
+            guessed = np.flatnonzero(held & (columns["flags"][segment] < 2))
+            if len(guessed):
+                held[guessed] = now - columns["routed_at"][segment[guessed]] < self.routed_ttl_s
+        if held.all():
+            return len(rows)
         for offset in np.flatnonzero(~held).tolist():
             position = start + offset
             holder = int(holders[position])
@@ -591,19 +596,22 @@ class FleetBlocks:
         created = rows < 0
         new_rows = rows[:0]
         if created.any():
-            new_keys, inverse = distinct(keys[created])  # a hash given twice gets one row
+            new_keys, inverse = distinct(keys[created], keep_order=True)  # a hash given twice gets one row
             new_rows = self._table.add(new_keys)
+            rows = rows.copy()  # the walk's, cached
             rows[created] = new_rows[inverse]
             self._version += 1
         columns = self._table.columns
         holder_column, flags_column = columns["holder"], columns["flags"]
-        gets_parent = has_parent & ((flags_column[rows] & _HAS_PARENT) == 0)
-        if gets_parent.any():
-            columns["parent"][rows[gets_parent]] = parents[gets_parent]
-            flags_column[rows[gets_parent]] |= _HAS_PARENT
-        holders = holder_column[rows]
+        # Blocks learning their parent now (`has_parent` and no parent yet: a > on booleans and 0 / 1).
+        gets_parent = np.flatnonzero(has_parent > (flags_column[rows] & _HAS_PARENT))
+        if len(gets_parent):
+            parent_rows = rows[gets_parent]
+            columns["parent"][parent_rows] = parents[gets_parent]
+            flags_column[parent_rows] |= _HAS_PARENT
         holder_column[new_rows] = state.slot
-        own = (holders == _NOBODY) | (holders == state.slot)
+        holders = holder_column[rows]
+        own = holders == state.slot  # the new rows among them
         own_rows = rows[own]
         if location_bits is None:
             columns["routed_at"][own_rows] = now
@@ -618,6 +626,9 @@ class FleetBlocks:
         bit, shared_rows = 1 << state.slot, self._shared
         shared_positions = np.flatnonzero(holders == _SHARED)
         shared_list = rows[shared_positions].tolist()
+        if location_bits is None:
+            # A guess changes nothing where this worker is confirmed (the usual case: a shared system prompt).
+            shared_list = [row for row in shared_list if not shared_rows[row].confirmed & bit]
         shared_bits = (
             [0] * len(shared_list) if location_bits is None else location_bits[shared_positions].tolist()
         )

@@ -382,6 +382,7 @@ class GenerateStream:
         self._ended = False
         self._completion_tokens = 0
         self._cached_tokens = 0
+        self.usage: Any = None  # the worker's usage object, once an event carried one (the routing metrics)
 
     async def next_chunk(self) -> bytes | None:
         """The next bytes for the client, or None after `[DONE]`."""
@@ -414,6 +415,7 @@ class GenerateStream:
             return b"".join(parts)
         if payload.get("usage"):
             self._cached_tokens = _cached(payload)
+            self.usage = payload["usage"]
         for choice in payload.get("choices") or ():
             index, delta, sampled, count = self.reading.step(choice)
             self._completion_tokens += count

@@ -3,7 +3,10 @@
 For each chat or completions request the `Proxy`
 
 1. renders it with the router's `RenderPipeline` (the one the renderer and the workers use) to get the
-   prompt ids — a render error is the client's 400, answered as the renderer answers it;
+   prompt ids — a render error is the client's 400, answered as the renderer answers it; the wait is bounded
+   (`bounded_render`: `--render-timeout`, in this process or in `--render-processes` render processes), and a
+   render that is late or fails for a reason not the client's sends the body as the client sent it, routed by
+   load alone;
 2. decides what goes to the worker (a `Plan`): the body with the router's ids (chat: `prompt_token_ids`;
    completions: the ids as `prompt`) when the gate is open and the request is not one of the never-forwarded
    kinds, else the original body byte for byte;
@@ -45,21 +48,22 @@ import asyncio
 import functools
 import logging
 import sys
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import Receive, Scope, Send
 
 from tokenfront.core.context_length import max_model_len
-from tokenfront.core.errors import RenderError
 from tokenfront.core.families import family_for
 from tokenfront.core.reasoning import ReasoningParser
-from tokenfront.core.render import RenderedPrompt, RenderPipeline
+from tokenfront.core.render import RenderPipeline
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.router.bounded_render import BoundedRender, RenderOutcome, RenderSettings
 from tokenfront.router.connections import (
     AnswerTooLarge,
     BadAnswer,
@@ -78,7 +82,9 @@ from tokenfront.router.generate import (
     chat_call,
     completion_call,
 )
-from tokenfront.router.policies.base import Policy, RouteRequest, WorkerLoad
+from tokenfront.router.policies.base import Policy, RouteRequest, Routing, WorkerLoad
+from tokenfront.router.render_step import with_field
+from tokenfront.router.routing_metrics import RoutingMetrics, answer_usage
 from tokenfront.router.worker_answers import (
     AnswerBounds,
     EventReader,
@@ -90,9 +96,9 @@ from tokenfront.router.worker_answers import (
 from tokenfront.router.workers import Worker, WorkerPool
 from tokenfront.server.disconnect import client_disconnected_response, wait_for_disconnect
 from tokenfront.server.errors import APIError, error_body
+from tokenfront.server.lean_routes import raw_body as request_body
 from tokenfront.server.models import check_model
 from tokenfront.server.request_ids import current_request_id
-from tokenfront.server.responses import dumps, loads
 from tokenfront.server.sse import SSE_DONE, sse_event
 
 log = logging.getLogger(__name__)
@@ -122,8 +128,27 @@ class RouterMetrics:
         self.not_forwarded = Counter(
             "tokenfront_router_not_forwarded",
             "Requests sent as the client sent them, by reason (gate, named_tool_choice, model_family, "
-            "reasoning_mode, client_token_ids, echo, no_render, generate_unsupported)",
+            "reasoning_mode, client_token_ids, echo, no_render, render_late, render_failed, "
+            "generate_unsupported)",
             ["reason"],
+            registry=registry,
+        )
+        self.renders = Counter(
+            "tokenfront_router_renders",
+            "Renders for routing, by outcome: ok, invalid (the client's 400), late (not done within "
+            "--render-timeout) and failed (not the client's fault); late and failed ones are routed by load",
+            ["outcome"],
+            registry=registry,
+        )
+        self.render_seconds = Histogram(
+            "tokenfront_router_render_seconds",
+            "Seconds from asking for a render to its answer, queue included (late renders are not timed)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=registry,
+        )
+        self.render_processes_replaced = Counter(
+            "tokenfront_router_render_processes_replaced",
+            "Render processes (--render-processes) that died and were replaced",
             registry=registry,
         )
         self.retries = Counter(
@@ -209,12 +234,27 @@ class Proxy:
         policy: Policy,
         metrics: RouterMetrics,
         served_model_names: Sequence[str],
+        render: RenderSettings | None = None,
+        routing_metrics: RoutingMetrics | None = None,
     ) -> None:
         self.pipeline = pipeline
+        # Every render for a plan goes through it (None: no pipeline, nothing to render with).
+        self.renders = (
+            BoundedRender(
+                pipeline,
+                render or RenderSettings(),
+                renders=metrics.renders,
+                seconds=metrics.render_seconds,
+            )
+            if pipeline is not None
+            else None
+        )
         self.pool = pool
         self.gate = gate
         self.policy = policy
         self.metrics = metrics
+        # The app registers them with its registry (router.app); a proxy built alone keeps them to itself.
+        self.routing_metrics = routing_metrics or RoutingMetrics(CollectorRegistry(), policy, pool)
         self.served_model_names = tuple(served_model_names)
         self.family = family_for(pipeline.checkpoint.model_type if pipeline else None)
         own = pipeline.reasoning_parser if pipeline else None
@@ -229,9 +269,10 @@ class Proxy:
 
     # -- plans -----------------------------------------------------------------------------------------------
 
-    def plan_chat(self, request: ChatCompletionRequest, raw_body: bytes) -> Plan:
-        """Render a chat request and decide what goes to the worker."""
+    async def plan_chat(self, request: ChatCompletionRequest, raw: Request) -> Plan:
+        """Render a chat request (whose body `raw` read) and decide what goes to the worker."""
         self._check_model(request.model)
+        raw_body = request_body(raw)
         stream, salt = bool(request.stream), request.cache_salt
         budget = self._event_budget(request, request.max_completion_tokens or request.max_tokens, 1)
         if request.prompt_token_ids is not None:
@@ -240,41 +281,43 @@ class Proxy:
             return self._unchanged(
                 "chat", CHAT_PATH, raw_body, target, stream, "client_token_ids", request.model, budget
             )
-        rendered = self._render_chat(request)
-        if rendered is None:
-            target = RouteRequest(None, salt)
-            return self._unchanged(
-                "chat", CHAT_PATH, raw_body, target, stream, "no_render", request.model, budget
-            )
+        outcome = await self._render(raw, request, with_body=request.named_tool is None)
+        if outcome.rendered is None or outcome.rendered.prompts is None:
+            target, why = RouteRequest(None, salt), outcome.reason or "no_render"
+            return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, why, request.model, budget)
+        (rendered,) = outcome.rendered.prompts
         target = RouteRequest(rendered.token_ids, cache_salt=salt)
         reason = (
             self._never_forward(request.named_tool is not None, [rendered.prompt_text]) or self._gate_reason()
         )
         if reason is not None:
             return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, reason, request.model, budget)
-        body = _with_field(raw_body, "prompt_token_ids", rendered.token_ids)
+        body = outcome.rendered.forwarded_body or with_field(raw_body, "prompt_token_ids", rendered.token_ids)
         build = functools.partial(chat_call, request=request, rendered=rendered)
         return self._forwarded(
             "chat", CHAT_PATH, body, raw_body, target, stream, request.model, build, budget
         )
 
-    def plan_completion(self, request: CompletionRequest, raw_body: bytes) -> Plan:
-        """Render a completions request (every prompt) and decide what goes to the worker."""
+    async def plan_completion(self, request: CompletionRequest, raw: Request) -> Plan:
+        """Render a completions request (every prompt; whose body `raw` read) and decide what goes to the
+        worker."""
         self._check_model(request.model)
+        raw_body = request_body(raw)
         stream, salt = bool(request.stream), request.cache_salt
         budget = self._event_budget(request, request.max_tokens, request.prompt_count)
-        if self.pipeline is None:
+        outcome = await self._render(raw, request, with_body=not request.echo)
+        if outcome.rendered is None or outcome.rendered.prompts is None:
             return self._unchanged(
                 "completion",
                 COMPLETIONS_PATH,
                 raw_body,
                 RouteRequest(None, salt),
                 stream,
-                "no_render",
+                outcome.reason or "no_render",
                 request.model,
                 budget,
             )
-        items = self.pipeline.render_completion(request)
+        items = outcome.rendered.prompts
         target = RouteRequest(items[0].token_ids, cache_salt=salt)
         texts = [item.prompt_text for item in items]
         if all(text is None for text in texts):
@@ -287,8 +330,10 @@ class Proxy:
             return self._unchanged(
                 "completion", COMPLETIONS_PATH, raw_body, target, stream, reason, request.model, budget
             )
-        prompt = items[0].token_ids if len(items) == 1 else [item.token_ids for item in items]
-        body = _with_field(raw_body, "prompt", prompt)
+        body = outcome.rendered.forwarded_body
+        if body is None:
+            prompt = items[0].token_ids if len(items) == 1 else [item.token_ids for item in items]
+            body = with_field(raw_body, "prompt", prompt)
         build = functools.partial(completion_call, request=request, items=items)
         return self._forwarded(
             "completion", COMPLETIONS_PATH, body, raw_body, target, stream, request.model, build, budget
@@ -334,16 +379,14 @@ class Proxy:
             max_events=max_events,
         )
 
-    def _render_chat(self, request: ChatCompletionRequest) -> RenderedPrompt | None:
-        if self.pipeline is None:
-            return None
-        try:
-            return self.pipeline.render_chat(request)
-        except RenderError as exc:
-            if exc.code == "no_chat_template":
-                # The router's own configuration lacks a template, not the request: the workers may have one.
-                return None
-            raise
+    async def _render(
+        self, raw: Request, request: ChatCompletionRequest | CompletionRequest, *, with_body: bool
+    ) -> RenderOutcome:
+        """The render a plan routes by, bounded by --render-timeout (`bounded_render`). `with_body`: the
+        forwarded body is built with it, when the gate is open and the request may be forwarded."""
+        if self.renders is None:
+            return RenderOutcome(None, "no_render")
+        return await self.renders.render(raw, request, with_body=with_body and self.gate.state.forwarding)
 
     def _unchanged(
         self,
@@ -427,9 +470,9 @@ class Proxy:
         while (choice := self._choose(plan, tried)) is not None:
             if interrupt.left:
                 raise _ClientLeft  # while a lost worker's attempt was being given up
-            worker, load = choice
+            worker, load, decision = choice
             tried.add(worker.url)
-            outcome = await self._attempt(worker, load, plan, interrupt)
+            outcome = await self._attempt(worker, load, plan, interrupt, decision)
             if isinstance(outcome, Response):
                 return outcome
             if outcome.final:
@@ -472,22 +515,29 @@ class Proxy:
             code=NO_WORKER_CODE,
         )
 
-    def _choose(self, plan: Plan, tried: set[str]) -> tuple[Worker, WorkerLoad] | None:
+    def _choose(self, plan: Plan, tried: set[str]) -> tuple[Worker, WorkerLoad, _Decision] | None:
         candidates = {w.url: w for w in self.pool.serving(plan.model) if w.url not in tried}
         if not candidates:
             return None
         loads = [worker.load() for worker in candidates.values()]
-        chosen = self.policy.select(loads, plan.target)
-        return candidates[chosen.url], chosen
+        started = time.perf_counter()
+        routing = self.policy.route(loads, plan.target)
+        chosen = routing.worker
+        return candidates[chosen.url], chosen, _Decision(routing, time.perf_counter() - started)
 
     async def _attempt(
-        self, worker: Worker, load: WorkerLoad, plan: Plan, interrupt: _Interrupt
+        self, worker: Worker, load: WorkerLoad, plan: Plan, interrupt: _Interrupt, decision: _Decision
     ) -> Response | _Failure:
         """One worker's try: its answer, or why to try another worker. Until the first byte for the client
         (the whole answer, or a stream's first event), a health check finding the worker gone ends the wait."""
         worker.active_requests += 1
         worker.routed += 1
+        started = time.perf_counter()
         self.policy.on_routed(load, plan.target)
+        # The decision's time is the policy's choice and its bookkeeping of it, together.
+        self.routing_metrics.decided(
+            decision.routing, plan.target, decision.seconds + time.perf_counter() - started
+        )
         call = plan.call_for(worker)
         if call.forwarded != plan.forwarded:
             self.metrics.not_forwarded.labels("generate_unsupported").inc()
@@ -521,15 +571,18 @@ class Proxy:
                 first = await source.next_chunk()
                 headers = self._headers(response, worker, call)
                 relayed = True
-                return _RelayResponse(self, worker, load, plan, call, response, source, first, headers)
+                return _RelayResponse(
+                    self, worker, load, plan, call, response, source, first, headers, decision
+                )
             stage = "body"
             content = await response.read(
                 limit=settings.max_response_bytes, deadline=response.sent_at + settings.request_timeout
             )
             if call.reading is not None and 200 <= response.status_code < 300:
-                content = call.reading.answer(parse_answer(content, response.status_code))
+                answer = parse_answer(content, response.status_code)
+                content = call.reading.answer(answer)
             else:
-                check_answer(response.status_code, content)
+                answer = check_answer(response.status_code, content)
         except WorkerTransportError as exc:
             self._finish(worker, load, plan, call, ok=False)
             return self._failure(worker, exc, stage, plan)
@@ -553,6 +606,7 @@ class Proxy:
             self._finish(worker, load, plan, call, ok=False)
             return _Failure(f"answered {response.status_code}", self._full(response, content, worker, call))
         self._finish(worker, load, plan, call, ok=response.status_code < 400)
+        self.routing_metrics.answered(decision.routing, plan.target, answer_usage(answer))
         return self._full(response, content, worker, call)
 
     def _failure(self, worker: Worker, exc: WorkerTransportError, stage: str, plan: Plan) -> _Failure:
@@ -679,10 +733,11 @@ class _RelayResponse(StreamingResponse):
         source: _ChunkSource,
         first: bytes | None,
         headers: dict[str, str],
+        decision: _Decision,
     ) -> None:
         super().__init__(self._chunks(first), status_code=response.status_code, headers=headers)
         self.proxy, self.worker, self.load, self.plan, self.response = proxy, worker, load, plan, response
-        self.call, self.source = call, source
+        self.call, self.source, self.decision = call, source, decision
         self._done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -719,6 +774,7 @@ class _RelayResponse(StreamingResponse):
                 yield chunk
                 chunk = await self.source.next_chunk()
             ok = True
+            self.proxy.routing_metrics.answered(self.decision.routing, self.plan.target, self.source.usage)
         except WorkerTransportError as exc:
             reason = _reason(exc)
             if not isinstance(exc, AnswerTooLarge) or exc.worker_fault:
@@ -743,9 +799,18 @@ class _RelayResponse(StreamingResponse):
 
 class _ChunkSource(Protocol):
     """What a relayed stream reads: a worker's events as they arrive (`RelayedStream`), or a generate stream
-    derendered (`GenerateStream`)."""
+    derendered (`GenerateStream`); `usage` is the worker's usage object once an event carried one."""
+
+    usage: Any
 
     async def next_chunk(self) -> bytes | None: ...
+
+
+class _Decision(NamedTuple):
+    """What the policy decided for one attempt, and how long its choice took (`routing_metrics`)."""
+
+    routing: Routing
+    seconds: float
 
 
 def _is_stream(headers: dict[str, str]) -> bool:
@@ -775,13 +840,6 @@ def _client_error(exc: WorkerTransportError) -> tuple[int, str]:
 
 def _flag(value: bool) -> str:
     return "true" if value else "false"
-
-
-def _with_field(raw_body: bytes, name: str, value: Any) -> bytes:
-    """The client's JSON body with one field set (the rest as the client sent it)."""
-    body = loads(raw_body)
-    body[name] = value
-    return dumps(body)
 
 
 async def _watch_disconnect(receive: Receive, interrupt: _Interrupt) -> None:

@@ -34,8 +34,7 @@ from tokenfront.router.workers import (
     normalize_url,
 )
 from tokenfront.server.errors import APIError
-from tokenfront.server.lean_routes import LeanRoute, raw_body
-from tokenfront.server.render_thread import render_off_loop
+from tokenfront.server.lean_routes import LeanRoute
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +49,19 @@ def inference_router() -> APIRouter:
     @router.post("/v1/chat/completions", summary="Chat completion, routed to a worker")
     async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
         proxy: Proxy = raw.app.state.proxy
-        plan = await render_off_loop(raw, request, proxy.plan_chat, request, raw_body(raw))
-        return await proxy.send_watching(plan, raw)
+        return await proxy.send_watching(await proxy.plan_chat(request, raw), raw)
 
     @router.post("/v1/completions", summary="Text completion, routed to a worker")
     async def completions(request: CompletionRequest, raw: Request) -> Response:
         proxy: Proxy = raw.app.state.proxy
-        plan = await render_off_loop(raw, request, proxy.plan_completion, request, raw_body(raw))
-        return await proxy.send_watching(plan, raw)
+        return await proxy.send_watching(await proxy.plan_completion(request, raw), raw)
 
     return router
 
 
 def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
-    """The router's part of `/server_info`: its fingerprint (if it renders), policy, gate and workers."""
+    """The router's part of `/server_info`: its fingerprint and how it renders (if it does), policy, gate and
+    workers."""
     pipeline = proxy.pipeline
     names = served_model_names(proxy)
     return {
@@ -71,6 +69,7 @@ def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
         "model": names[0] if names else None,
         "served_model_names": names,
         "render_fingerprint": pipeline.fingerprint.to_json() if pipeline else None,
+        "render": proxy.renders.describe() if proxy.renders is not None else None,
         "reasoning_parser": pipeline.options.reasoning_parser if pipeline else None,
         "tool_call_parser": pipeline.options.tool_call_parser if pipeline else None,
         "policy": policy,
@@ -224,6 +223,8 @@ def worker_view(raw: Request, url: str) -> dict[str, Any]:
         "render_check": _render_check(gate, report, eligible=worker.checked and not reasons),
         "probe": report.probe.to_json() if report is not None and report.probe is not None else None,
         "gate_reasons": reasons,
+        # The routing policy's view of its load (`Policy.predicted_load`; also on /metrics).
+        "predicted_load": proxy.policy.predicted_load(worker.load()),
     }
 
 

@@ -85,18 +85,19 @@ def parse_answer(content: bytes, status: int = 200) -> Any:
         raise BadAnswer(f"answered {status} with a body that is not JSON ({_excerpt(content)})") from None
 
 
-def check_answer(status: int, content: bytes) -> None:
+def check_answer(status: int, content: bytes) -> Any:
     """BadAnswer unless the body is what a chat or completions route answers with this status (module
-    docstring)."""
+    docstring); a 2xx answer's parsed JSON (None for an error)."""
     if 200 <= status < 300:
         payload = parse_answer(content, status)
         if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
             raise BadAnswer(f"answered {status} with JSON that has no choices list ({_excerpt(content)})")
-    elif 400 <= status < 600:
+        return payload
+    if 400 <= status < 600:
         if not isinstance(parse_answer(content, status), dict):
             raise BadAnswer(f"answered {status} with JSON that is not an error object ({_excerpt(content)})")
-    else:
-        raise BadAnswer(f"answered {status}, which a chat or completions route never does")
+        return None
+    raise BadAnswer(f"answered {status}, which a chat or completions route never does")
 
 
 class ChunkSource(Protocol):
@@ -237,6 +238,7 @@ class RelayedStream:
 
     def __init__(self, events: EventReader) -> None:
         self.events = events
+        self.usage: Any = None  # the worker's usage object, once an event carried one (the routing metrics)
 
     async def next_chunk(self) -> bytes | None:
         """The next event for the client (in the reader's bounds)."""
@@ -248,6 +250,8 @@ class RelayedStream:
             raise BadAnswer("its stream ended without data: [DONE]")
         if event.payload is None:
             return SSE_DONE
+        if event.payload.get("usage"):
+            self.usage = event.payload["usage"]
         data = event.data
         if b"\n" in data or b"\r" in data:  # several data lines, or a bare CR: one line for the client
             return sse_event(event.payload)

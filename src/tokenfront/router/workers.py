@@ -428,6 +428,8 @@ class Worker:
     # Called when a health check finds the worker gone: requests still waiting for it stop waiting and go to
     # another worker. Each caller registers for the time it waits, and unregisters after.
     lost_watchers: set[Callable[[], None]] = field(default_factory=set, repr=False)
+    # What `load` hands the policy: one object per worker, brought up to date on each call.
+    _load: WorkerLoad | None = field(default=None, init=False, repr=False, compare=False)
 
     def lose(self) -> None:
         """A health check found the worker gone: tell every request waiting on it."""
@@ -442,9 +444,16 @@ class Worker:
         return names is None or model in names
 
     def load(self) -> WorkerLoad:
-        """What the routing policy sees of this worker."""
+        """What the routing policy sees of this worker: the same object each time, its load brought up to date
+        (a decision among 1,000 workers allocates no object per worker)."""
         block = self.report.tokens_per_block if self.report else None
-        return WorkerLoad(self.url, active_requests=self.active_requests, tokens_per_block=block)
+        load = self._load
+        if load is None:
+            load = self._load = WorkerLoad(self.url, self.active_requests, block)
+        else:
+            load.active_requests = self.active_requests
+            load.tokens_per_block = block
+        return load
 
     def describe(self) -> dict[str, Any]:
         """The worker's state as the admin API and `/server_info` show it."""

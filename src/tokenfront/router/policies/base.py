@@ -1,7 +1,8 @@
 """The shared interface of routing policies: what a policy sees of the workers and of a request, and answers.
 
-A policy picks one worker for a request (``select``) and may learn from the outcome (``on_routed`` once the
-request is sent, ``on_complete`` when it finished). Everything else — health, membership, counting active
+A policy picks one worker for a request (``select``; ``route`` also says how much of the prompt it predicts the
+worker has cached) and may learn from the outcome (``on_routed`` once the request is sent, ``on_complete`` when
+it finished); ``predicted_load`` says what it thinks a worker has to do. Everything else — health, membership, counting active
 requests, forwarding — belongs to the router around it, so a policy is a small, testable piece of logic.
 """
 
@@ -12,9 +13,10 @@ import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
+    import numpy as np
     from typing_extensions import Self
 
     from tokenfront.router.kv_index import KvIndex
@@ -37,14 +39,39 @@ class RouteRequest:
     cache_salt: str | None = None
 
 
+_Options = TypeVar("_Options")
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
-    """Everything a policy may be built from; each policy takes what it needs (see ``Policy.from_config``)."""
+    """Everything a policy may be built from; each policy takes what it needs (see ``Policy.from_config``).
+
+    ``options`` holds the settings dataclasses of policies that have their own (e.g. ``PredictedTtftConfig``):
+    a policy finds its own with ``option``.
+    """
 
     kv_index: KvIndex
     load_weight: float = 1.0
     default_tokens_per_block: int = 16
     cache_threshold: float = 0.5
+    options: tuple[object, ...] = ()
+
+    def option(self, kind: type[_Options], default: _Options) -> _Options:
+        """The settings of type ``kind`` among ``options``, else ``default``."""
+        return next((option for option in self.options if isinstance(option, kind)), default)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """One decision: the chosen worker, and how many of the prompt's tokens the policy predicts it has cached.
+
+    A return value rather than state on the policy, so concurrent decisions cannot read each other's.
+    ``predicted_cached_tokens`` is None for a policy that does not look at caches (round_robin,
+    load_balancing): it predicts nothing.
+    """
+
+    worker: WorkerLoad
+    predicted_cached_tokens: int | None = None
 
 
 class Policy(abc.ABC):
@@ -61,6 +88,15 @@ class Policy(abc.ABC):
     def select(self, candidates: Sequence[WorkerLoad], request: RouteRequest) -> WorkerLoad:
         """Pick one of ``candidates`` (never empty: the caller checks) for ``request``."""
 
+    def route(self, candidates: Sequence[WorkerLoad], request: RouteRequest) -> Routing:
+        """``select``, with what the policy predicts of the chosen worker (policies that predict override it)."""
+        return Routing(self.select(candidates, request))
+
+    def predicted_load(self, worker: WorkerLoad) -> dict[str, float]:
+        """What the policy thinks ``worker`` has to do, by quantity (the router's metrics and GET /workers
+        show it); by default its requests in flight."""
+        return {"active_requests": float(worker.active_requests)}
+
     def on_routed(self, worker: WorkerLoad, request: RouteRequest) -> None:  # noqa: B027 - optional hook
         """``request`` was sent to ``worker``."""
 
@@ -70,6 +106,14 @@ class Policy(abc.ABC):
     def explain(self) -> dict[str, Any]:
         """The last decision's inputs and scores, for logs and debugging ({} when there is nothing to say)."""
         return {}
+
+
+def explain_rows(urls: Sequence[str], **columns: np.ndarray) -> dict[str, dict[str, Any]]:
+    """A decision's per-worker rows for ``explain``: each worker's value of every column (arrays in candidate
+    order, kept as arrays until ``explain`` asks)."""
+    names = list(columns)
+    values = [column.tolist() for column in columns.values()]
+    return {url: dict(zip(names, row, strict=True)) for url, *row in zip(urls, *values, strict=True)}
 
 
 class FairChooser:

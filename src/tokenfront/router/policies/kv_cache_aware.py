@@ -1,9 +1,9 @@
 """kv_cache_aware (the default): send a request where its prompt's prefix is already cached, unless busy.
 
-For each candidate, the prompt's ids are cut into blocks of that worker's ``tokens_per_block`` (from its
-/server_info, else from its KV events, else ``default_tokens_per_block``: vLLM's default block size) and
-named by ``core.kv_blocks`` hashes (``cache_salt`` in the root); ``KvIndex`` says how many leading blocks the
-worker holds. Then
+For each candidate, ``prefix_match`` cuts the prompt's ids into blocks of that worker's ``tokens_per_block``
+(from its /server_info, else from its KV events, else ``default_tokens_per_block``: vLLM's default block
+size) named by ``core.kv_blocks`` hashes (``cache_salt`` in the root); ``KvIndex`` says how many leading
+blocks the worker holds. Then
 
     score = matched_blocks - load_weight * active_requests
 
@@ -27,7 +27,7 @@ Once a request is sent, ``on_routed`` records its blocks as held by that worker,
 the same prefix follows it even before the worker's events confirm it.
 
 Cost: the prompt is hashed once per block size in use, and the index answers every candidate of that size in
-one walk (``KvIndex.matched_blocks``); scores are numpy arrays, and ``explain`` builds its per-worker rows only
+one walk (``prefix_match``); scores are numpy arrays, and ``explain`` builds its per-worker rows only
 when asked. A decision at 1,000 workers costs little more than at 10 (docs/benchmarks.md, "KV index").
 """
 
@@ -40,16 +40,22 @@ from typing import Any
 
 import numpy as np
 
-from tokenfront.core.kv_blocks import block_hash_array
 from tokenfront.router.kv_index import KvIndex
-from tokenfront.router.policies.base import FairChooser, Policy, PolicyConfig, RouteRequest, WorkerLoad
+from tokenfront.router.policies.base import (
+    FairChooser,
+    Policy,
+    PolicyConfig,
+    RouteRequest,
+    Routing,
+    WorkerLoad,
+    explain_rows,
+)
+from tokenfront.router.policies.prefix_match import PrefixMatch, match_prefix, record_routed
 
 __all__ = ["KvCacheAwarePolicy"]
 
 # Scores are sums of fractions and float weights: equal within this counts as a tie.
 _TIE_EPSILON = 1e-9
-_url = attrgetter("url")
-_tokens_per_block = attrgetter("tokens_per_block")
 _active_requests = attrgetter("active_requests")
 
 
@@ -93,8 +99,8 @@ class KvCacheAwarePolicy(Policy):
         self.load_weight = load_weight
         self.default_tokens_per_block = default_tokens_per_block
         self._chooser = FairChooser()
-        # The last select's request and its block names per block size: on_routed reuses them.
-        self._hashed: tuple[RouteRequest, dict[int, np.ndarray]] | None = None
+        # The last select's match, with its request's block names per block size: on_routed reuses them.
+        self._match: PrefixMatch | None = None
         self._last: _Decision | None = None
 
     @classmethod
@@ -107,77 +113,46 @@ class KvCacheAwarePolicy(Policy):
         )
 
     def select(self, candidates: Sequence[WorkerLoad], request: RouteRequest) -> WorkerLoad:
-        # Per-candidate work in C (map, attrgetter): this runs for every candidate of every request.
-        urls = list(map(_url, candidates))
-        sizes = list(map(_tokens_per_block, candidates))
-        distinct_sizes = set(sizes)
-        if None in distinct_sizes:  # no size from /server_info: the one learned from events, or the default
-            sizes = [
-                size or self._tokens_per_block(worker) for size, worker in zip(sizes, candidates, strict=True)
-            ]
-            distinct_sizes = set(sizes)
-        hashed = self._hash(request, distinct_sizes)
-        block_sizes: np.ndarray | int
-        if len(distinct_sizes) == 1:  # the usual fleet: one block size, one walk for every worker
-            (size,) = distinct_sizes
-            block_sizes = size
-            matched = self.kv_index.matched_blocks(urls, hashed[size]) if hashed else np.zeros(len(urls), int)
-        else:  # one walk per block size, each for the workers of that size
-            block_sizes = np.array(sizes, np.int64)
-            matched = np.zeros(len(candidates), np.int64)
-            for size, hashes in hashed.items():
-                of_size = np.flatnonzero(block_sizes == size)
-                matched[of_size] = self.kv_index.matched_blocks([urls[i] for i in of_size.tolist()], hashes)
-        cached_tokens = matched * block_sizes
-        prompt_tokens = len(request.token_ids or ())
+        return self.route(candidates, request).worker
+
+    def route(self, candidates: Sequence[WorkerLoad], request: RouteRequest) -> Routing:
+        match = match_prefix(self.kv_index, candidates, request, self.default_tokens_per_block)
+        cached_tokens = match.cached_tokens
+        prompt_tokens = match.prompt_tokens
         best_share = float(cached_tokens.max()) / prompt_tokens if prompt_tokens else 0.0
         # Below the threshold a match is the template's common opening, not this conversation: load decides.
         affinity = best_share >= self.cache_threshold and best_share > 0
         # Matched blocks are counted in blocks of the smallest size, so a cached token weighs the same anywhere.
-        cached = cached_tokens / min(distinct_sizes) if affinity else np.zeros(len(candidates))
+        cached = cached_tokens / match.smallest_block if affinity else np.zeros(len(candidates))
         active = np.fromiter(map(_active_requests, candidates), np.float64, len(candidates))
         scores = cached - self.load_weight * active
         tied_positions = np.flatnonzero(scores >= scores.max() - _TIE_EPSILON).tolist()
         tied = [candidates[i] for i in tied_positions]
         chosen = self._chooser.choose(tied, candidates)
-        self._hashed = (request, hashed)
+        self._match = match
         self._last = _Decision(
             chosen=chosen.url,
             tied=[worker.url for worker in tied],
             prompt_tokens=len(request.token_ids) if request.token_ids is not None else None,
             best_share=best_share,
             affinity=affinity,
-            urls=urls,
-            matched=matched,
-            sizes=np.broadcast_to(block_sizes, len(urls)),
+            urls=match.urls,
+            matched=match.matched,
+            sizes=match.sizes,
             active=active,
             scores=scores,
         )
-        return chosen
+        position = tied_positions[next(i for i, worker in enumerate(tied) if worker is chosen)]
+        return Routing(chosen, int(cached_tokens[position]))
 
     def on_routed(self, worker: WorkerLoad, request: RouteRequest) -> None:
         """Credit the worker with the request's blocks until its own events say otherwise."""
-        if request.token_ids is None:
-            return
-        size = self._tokens_per_block(worker)
-        last = self._hashed
-        hashes = last[1].get(size) if last is not None and last[0] is request else None
-        if hashes is None:
-            hashes = _hash_array(request, size)
-        self.kv_index.record_routed_hashes(worker.url, hashes)
+        record_routed(self.kv_index, self._match, worker, request, self.default_tokens_per_block)
 
     def explain(self) -> dict[str, Any]:
         last = self._last
         if last is None:
             return {}
-        rows = zip(
-            last.urls,
-            last.matched.tolist(),
-            last.sizes.tolist(),
-            last.active.tolist(),
-            last.scores.tolist(),
-            strict=True,
-        )
         return {
             "policy": self.name,
             "chosen": last.chosen,
@@ -187,32 +162,11 @@ class KvCacheAwarePolicy(Policy):
             "cache_threshold": self.cache_threshold,
             "best_cached_share": last.best_share,
             "affinity": last.affinity,
-            "workers": {
-                url: {
-                    "matched_blocks": matched,
-                    "tokens_per_block": size,
-                    "active_requests": int(active),
-                    "score": score,
-                }
-                for url, matched, size, active, score in rows
-            },
+            "workers": explain_rows(
+                last.urls,
+                matched_blocks=last.matched,
+                tokens_per_block=last.sizes,
+                active_requests=last.active.astype(np.int64),
+                score=last.scores,
+            ),
         }
-
-    def _tokens_per_block(self, worker: WorkerLoad) -> int:
-        return (
-            worker.tokens_per_block
-            or self.kv_index.tokens_per_block(worker.url)
-            or self.default_tokens_per_block
-        )
-
-    @staticmethod
-    def _hash(request: RouteRequest, sizes: set[int]) -> dict[int, np.ndarray]:
-        """The prompt's block names for each block size in use (hashed once, shared by the workers)."""
-        if request.token_ids is None:
-            return {}
-        return {size: _hash_array(request, size) for size in sizes}
-
-
-def _hash_array(request: RouteRequest, tokens_per_block: int) -> np.ndarray:
-    assert request.token_ids is not None
-    return np.frombuffer(block_hash_array(request.token_ids, tokens_per_block, request.cache_salt), np.uint64)

@@ -1,0 +1,414 @@
+"""The fleet benchmark: one workload, one fleet of simulated GPUs, every routing policy; hit rate and TTFT.
+
+    python -m benchmarks.fleet [--workers 64] [--workload agentic|groups|mooncake:FILE] [--load 0.7]
+                               [--rate-scale X] [--seed 0] [--duration 60]
+                               [--policies kv_cache_aware,predicted_ttft,round_robin,load_balancing]
+                               [--load-weight 1.0] [--cache-threshold 0.5] [--offline] [--sim-speedup 0.1]
+                               [--kv-events-interval 0.5] [--concurrency 4096] [--request-timeout 1800] [--json]
+
+The workload (`scenario.py`) is cut at `--duration` modelled seconds and its arrival rate scaled until it puts
+`--load` on the fleet: the share of the fleet's prefill capacity it uses under round-robin (`load.py`); or
+`--rate-scale` gives the scale, and the load it makes is measured. The oracle (`oracle.py`) says the hit
+rate a perfect router could reach with the fleet's cache pooled. Then, for each policy of `--policies`, on a
+fresh fleet (empty caches, zeroed counters):
+
+- live (the default): `tokenfront simulate --workers N --port 0 --sim-speedup S` (0.1) and a fresh
+  `tokenfront route --policy P` in front of it, both real processes on loopback, stopped by their pids after the
+  policy's run. The requests are sent open loop, each at its `at` on a clock `--sim-speedup` times slower than
+  the modelled one, as streaming `/v1/completions` of its ids (`TimedRequest.completion_body`, usage included),
+  at most `--concurrency` in flight (a request due while that many are in flight waits, and its wait counts in
+  its TTFT) and each given `--request-timeout` wall seconds. TTFT is the client's: from when the request was due
+  to its first content event, converted to modelled seconds (x the speedup); the hit rate comes from
+  `usage.prompt_tokens_details.cached_tokens`. An answer that is not a 200, breaks off or has no content is an
+  error. A policy `tokenfront route` does not know is skipped with a note.
+- `--offline`: the same engines, index and policy in this process on a virtual clock (`replay.py`), no HTTP.
+
+The report, per policy: requests, errors, hit rate, oracle hit rate and their ratio, mean/p50/p99 TTFT,
+throughput, the busiest worker's share of requests and of busy GPU time (`results.py`); live runs add the
+engines' step lateness (`tokenfront_engine_lag_seconds_*`: a mean near the ~8-25 ms step time means the machine,
+not the model, set the pace — slow the clock down). `--json` prints one object:
+
+    {"policies": {NAME: {"requests", "errors", "hit_rate", "oracle_hit_rate", "ttft_mean_ms", "ttft_p50_ms",
+                         "ttft_p99_ms", "max_worker_share", ...}}, "workers": N, "load": L, ...}
+
+Every TTFT and throughput is in modelled time. The simulated GPU is the engine's default model
+(docs/simulation.md) with a 131,072-token context, so the agentic workload's longest prompts fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from benchmarks.fleet.load import Calibration, calibrate, round_robin_load
+from benchmarks.fleet.oracle import achievable_hit_rate, fleet_cache_blocks
+from benchmarks.fleet.replay import FLEET_CONTEXT_TOKENS, ReplaySettings, replay_policy
+from benchmarks.fleet.requests import TimedRequest
+from benchmarks.fleet.results import Outcome, PolicyRun, summary
+from benchmarks.fleet.scenario import WORKLOADS, WorkloadSpec
+from benchmarks.servers import Server, launch, launch_tokenfront, stop_all, wait_for_urls, wait_healthy
+from tokenfront import fixtures
+from tokenfront.router.policies import POLICIES
+
+DEFAULT_POLICIES = "kv_cache_aware,predicted_ttft,round_robin,load_balancing"
+# The live fleet's clock: a tenth of real time. 256 workers at load 0.7 over 60 s are ~165 requests a modelled
+# second, ~16 a wall second at 0.1, what this 2-core machine's one fleet process, router and client carry; at
+# 0.25 a 256-worker run failed (docs/routing.md has the lateness measured; 0.1 itself was not measured at 256).
+DEFAULT_SIM_SPEEDUP = 0.1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the flags, build the workload at the load, run every policy, print the report."""
+    args = _parser().parse_args(argv)
+    try:
+        spec = WorkloadSpec.parse(args.workload, seed=args.seed, duration=args.duration)
+        _check(args)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    settings = ReplaySettings(
+        args.workers,
+        kv_events_interval=args.kv_events_interval,
+        load_weight=args.load_weight,
+        cache_threshold=args.cache_threshold,
+    )
+    started = time.perf_counter()
+    try:
+        if args.rate_scale is None:
+            calibration = calibrate(spec.requests, args.load, args.workers, settings.gpu)
+        else:  # the scale given (a tuning loop reuses one): the load it makes is measured, not sought
+            given = spec.requests(args.rate_scale)
+            measured = round_robin_load(given, args.workers, settings.gpu)
+            calibration = Calibration(args.rate_scale, measured, given, ((args.rate_scale, measured.load),))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    requests = calibration.requests
+    gpu = settings.gpu
+    oracle = achievable_hit_rate(
+        requests, fleet_cache_blocks(args.workers, gpu.kv_cache_tokens, gpu.tokens_per_block)
+    )
+    _note(
+        args,
+        f"{len(requests)} requests over {calibration.load.span_seconds:.0f} s at {calibration.scale:.3g}x the "
+        f"workload's arrival rate: load {calibration.load.load:.3f} ({len(calibration.passes)} passes, "
+        f"{time.perf_counter() - started:.0f} s); oracle hit rate {oracle.hit_rate:.3f}",
+    )
+    report: dict[str, Any] = {
+        "policies": {},
+        "workers": args.workers,
+        "load": round(calibration.load.load, 4),
+        "target_load": args.load,
+        "workload": args.workload,
+        "seed": args.seed,
+        "duration": args.duration,
+        "requests": len(requests),
+        "rate_scale": calibration.scale,
+        "mode": "offline" if args.offline else "live",
+        "sim_speedup": None if args.offline else args.sim_speedup,
+        "load_weight": args.load_weight,
+        "cache_threshold": args.cache_threshold,
+        "skipped": {},
+    }
+    for policy in args.policies.split(","):
+        if policy not in POLICIES:
+            report["skipped"][policy] = (
+                f"`tokenfront route` has no policy {policy!r} (it has {sorted(POLICIES)})"
+            )
+            _note(args, f"{policy}: skipped, {report['skipped'][policy]}")
+            continue
+        run = replay_policy(policy, requests, settings) if args.offline else _live_run(policy, requests, args)
+        report["policies"][policy] = summary(run, oracle.hit_rate)
+        _note(args, _line(policy, report["policies"][policy]))
+    if args.json:
+        print(json.dumps(report))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fleet", description=__doc__.split("\n")[0], allow_abbrev=False
+    )
+    parser.add_argument("--workers", type=int, default=64, help="simulated GPUs in the fleet (default: 64)")
+    parser.add_argument(
+        "--workload",
+        default="agentic",
+        help=f"the workload: {', '.join(WORKLOADS)} (default: agentic)",
+    )
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=0.7,
+        help="the share of the fleet's prefill capacity the workload uses under round-robin (default: 0.7)",
+    )
+    parser.add_argument(
+        "--rate-scale",
+        type=float,
+        default=None,
+        help="use this multiple of the workload's arrival rate instead of seeking --load (the report's "
+        "rate_scale of an earlier run; the load it makes is reported)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the workload's seed (default: 0)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=60.0,
+        help="modelled seconds of arrivals to send (default: 60)",
+    )
+    parser.add_argument(
+        "--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default: {DEFAULT_POLICIES})"
+    )
+    parser.add_argument(
+        "--load-weight",
+        type=float,
+        default=1.0,
+        help="kv_cache_aware's --load-weight, live and offline (default: 1.0, the router's)",
+    )
+    parser.add_argument(
+        "--cache-threshold",
+        type=float,
+        default=0.5,
+        help="kv_cache_aware's --cache-threshold, live and offline (default: 0.5, the router's)",
+    )
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="replay in this process on a virtual clock instead of through real servers",
+    )
+    parser.add_argument(
+        "--sim-speedup",
+        type=float,
+        default=DEFAULT_SIM_SPEEDUP,
+        help=f"live: the fleet's clock against the modelled GPUs' (default: {DEFAULT_SIM_SPEEDUP})",
+    )
+    parser.add_argument(
+        "--kv-events-interval",
+        type=float,
+        default=0.5,
+        help="offline: modelled seconds between the index's reads of each engine's events (default: 0.5, "
+        "the router's default)",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=4096, help="live: requests in flight at most (default: 4096)"
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=1800.0,
+        help="live: wall seconds a request may take, from when it is sent (default: 1800)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The flags' mistakes, each a ValueError with one line to print."""
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, not {args.workers}")
+    if not args.load > 0:
+        raise ValueError(f"--load must be more than 0, not {args.load}")
+    if args.rate_scale is not None and not args.rate_scale > 0:
+        raise ValueError(f"--rate-scale must be more than 0, not {args.rate_scale}")
+    if not args.sim_speedup > 0:
+        raise ValueError(f"--sim-speedup must be more than 0, not {args.sim_speedup}")
+    if args.load_weight < 0 or not 0 <= args.cache_threshold <= 1:
+        raise ValueError("--load-weight must not be negative and --cache-threshold must be between 0 and 1")
+    if not args.kv_events_interval > 0:
+        raise ValueError(f"--kv-events-interval must be more than 0, not {args.kv_events_interval}")
+    if args.concurrency < 1 or not args.request_timeout > 0:
+        raise ValueError("--concurrency must be at least 1 and --request-timeout more than 0")
+    if not [policy for policy in args.policies.split(",") if policy]:
+        raise ValueError("--policies names no policy")
+
+
+def _note(args: argparse.Namespace, text: str) -> None:
+    """A progress line: on stderr under --json (stdout is the report's), else on stdout."""
+    print(text, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def _line(policy: str, result: dict[str, Any]) -> str:
+    return (
+        f"{policy}: {result['requests']} requests, {result['errors']} errors; hit rate {result['hit_rate']:.3f} "
+        f"(oracle {result['oracle_hit_rate']:.3f}, {result['achieved_over_oracle']}); TTFT mean "
+        f"{result['ttft_mean_ms']} ms, p50 {result['ttft_p50_ms']} ms, p99 {result['ttft_p99_ms']} ms; "
+        f"{result['throughput_requests_per_s']} req/s, {result['output_tokens_per_s']} tokens/s; busiest worker "
+        f"{result['max_worker_share']}x the mean requests, {result['max_worker_busy_share']}x the mean GPU time"
+        + (f"; step lag mean {result['engine_lag_mean_ms']} ms" if "engine_lag_mean_ms" in result else "")
+        + (f"; {result['wall_seconds']} s wall" if "wall_seconds" in result else "")
+        + (f" ({result['cpu_seconds']} s CPU)" if "cpu_seconds" in result else "")
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- live
+
+
+def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Namespace) -> PolicyRun:
+    """A fresh fleet and router for `policy`, the requests sent through the router, both stopped by pid."""
+    model = fixtures.ensure_checkpoint("qwen3")
+    started: list[Server] = []
+    started_at = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tokenfront-bench-fleet-") as logs:
+        try:
+            command = [sys.executable, "-m", "tokenfront.cli", "simulate", "--model", str(model)]
+            command += ["--workers", str(args.workers), "--host", "127.0.0.1", "--port", "0"]
+            command += ["--sim-speedup", str(args.sim_speedup)]
+            command += ["--sim-max-context-tokens", str(FLEET_CONTEXT_TOKENS), "--log-level", "warning"]
+            fleet = launch(f"simulate-{policy}", command, port=0, log_dir=Path(logs))
+            started.append(fleet)
+            ports = wait_for_urls(fleet, args.workers)
+            urls = [f"http://127.0.0.1:{port}" for port in ports]
+            route = ["route", "--model", str(model), "--policy", policy, "--log-level", "warning"]
+            if policy == "kv_cache_aware":
+                route += [
+                    "--load-weight",
+                    str(args.load_weight),
+                    "--cache-threshold",
+                    str(args.cache_threshold),
+                ]
+            # A request may wait long for its first token at a slowed clock (its stream's head comes first):
+            # the router must not give up before the client does.
+            route += ["--first-byte-timeout", str(args.request_timeout)]
+            route += ["--idle-timeout", str(args.request_timeout)]
+            route += ["--request-timeout", str(args.request_timeout)]
+            for url in urls:
+                route += ["--worker", url]
+            router = launch_tokenfront(route, log_dir=Path(logs), name=f"route-{policy}")
+            started.append(router)
+            wait_healthy([router])
+            _wait_for_workers(router, len(urls))
+            outcomes = asyncio.run(_send(router.url, requests, args))
+            counters = _engine_counters(urls)
+        finally:
+            stop_all(started)
+    lag_steps = sum(c.get("steps", 0.0) for c in counters)
+    lag_total = sum(c.get("lag_seconds_total", 0.0) for c in counters)
+    return PolicyRun(
+        policy,
+        outcomes,
+        [int(c.get("requests_submitted", 0)) for c in counters],
+        [c.get("model_seconds", 0.0) for c in counters],
+        extra={
+            # Lateness is on the clock (wall seconds): compare it with a step's wall time, step / speedup.
+            "engine_lag_mean_ms": round(1000 * lag_total / lag_steps, 2) if lag_steps else None,
+            "engine_lag_max_ms": round(
+                1000 * max((c.get("lag_seconds_max", 0.0) for c in counters), default=0), 1
+            ),
+            "wall_seconds": round(time.perf_counter() - started_at, 1),
+        },
+    )
+
+
+def _wait_for_workers(router: Server, workers: int, timeout: float = 120.0) -> None:
+    """Until the router's GET /workers shows every worker healthy, publishing KV events."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=10) as client:
+        while True:
+            listed = client.get(f"{router.url}/workers").json()["workers"]
+            ready = [w for w in listed if w.get("state") == "healthy" and w.get("kv_events")]
+            if len(ready) >= workers:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the router has {len(ready)} of {workers} workers ready:\n{router.log_tail()}"
+                )
+            time.sleep(0.2)
+
+
+async def _send(url: str, requests: Sequence[TimedRequest], args: argparse.Namespace) -> list[Outcome]:
+    """Every request at its `at` (on the slowed clock), streamed, at most `--concurrency` in flight."""
+    speedup = args.sim_speedup
+    gate = asyncio.Semaphore(args.concurrency)
+    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=256)
+    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def one(request: TimedRequest) -> Outcome:
+            due = start + request.at / speedup
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            async with gate:
+                return await _stream(client, request, due, start, speedup)
+
+        return list(await asyncio.gather(*(one(request) for request in requests)))
+
+
+async def _stream(
+    client: httpx.AsyncClient, request: TimedRequest, due: float, start: float, speedup: float
+) -> Outcome:
+    """One streamed completion: TTFT at its first content event, usage from its last chunk."""
+    loop = asyncio.get_running_loop()
+    body = orjson.dumps(request.completion_body())
+    first: float | None = None
+    usage: dict[str, Any] | None = None
+    tokens = 0
+    try:
+        async with client.stream(
+            "POST", "/v1/completions", content=body, headers={"content-type": "application/json"}
+        ) as answer:
+            if answer.status_code != 200:
+                text = (await answer.aread())[:2000]
+                return Outcome(
+                    None, request.prompt_tokens, error=f"status {answer.status_code}: {_code(text)}"
+                )
+            async for line in answer.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = orjson.loads(line[6:])
+                if "error" in chunk:
+                    return Outcome(None, request.prompt_tokens, error=f"error event: {_code(line[6:])}")
+                choices = chunk.get("choices") or []
+                if choices and choices[0].get("text"):
+                    first = loop.time() if first is None else first
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+    except (httpx.HTTPError, orjson.JSONDecodeError) as failure:
+        return Outcome(None, request.prompt_tokens, error=type(failure).__name__)
+    if first is None or usage is None:
+        return Outcome(None, request.prompt_tokens, error="no content" if first is None else "no usage")
+    details = usage.get("prompt_tokens_details") or {}
+    tokens = int(usage.get("completion_tokens") or 0)
+    return Outcome(
+        (first - due) * speedup,
+        int(usage.get("prompt_tokens") or request.prompt_tokens),
+        int(details.get("cached_tokens") or 0),
+        tokens,
+        (loop.time() - start) * speedup,
+    )
+
+
+def _code(body: str | bytes) -> str:
+    """An OpenAI error body's `code` (else its type, else "?"), to count errors by kind."""
+    try:
+        error = orjson.loads(body).get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return "?"
+    return str(error.get("code") or error.get("type") or "?") if isinstance(error, dict) else "?"
+
+
+_GAUGE = re.compile(r"^tokenfront_engine_(\w+) (\S+)$", re.MULTILINE)
+
+
+def _engine_counters(urls: Sequence[str]) -> list[dict[str, float]]:
+    """Each worker's `tokenfront_engine_*` gauges from its /metrics (requests, modelled seconds, lateness)."""
+    counters = []
+    with httpx.Client(timeout=30) as client:
+        for url in urls:
+            text = client.get(f"{url}/metrics").text
+            counters.append({name: float(value) for name, value in _GAUGE.findall(text)})
+    return counters
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""How much of a prompt each candidate worker holds: the prefix matching that KV-aware policies share.
+
+Each candidate's prompt is cut into blocks of that worker's ``tokens_per_block`` (from its /server_info,
+else from its KV events, else the policy's default: vLLM's 16) and named by ``core.kv_blocks`` hashes
+(``cache_salt`` in the root). The prompt is hashed once per block size in use, and ``KvIndex`` answers every
+candidate of a size in one walk (``KvIndex.matched_blocks``), so a decision at 1,000 workers costs little
+more than at 10. The hashes are kept in the answer: ``on_routed`` records them without hashing again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
+
+from tokenfront.core.kv_blocks import block_hash_array
+from tokenfront.router.kv_index import KvIndex
+from tokenfront.router.policies.base import RouteRequest, WorkerLoad
+
+__all__ = ["PrefixMatch", "block_names", "match_prefix", "record_routed", "tokens_per_block"]
+
+_url = attrgetter("url")
+_tokens_per_block = attrgetter("tokens_per_block")
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """One prompt matched against every candidate, arrays in candidate order."""
+
+    request: RouteRequest
+    urls: list[str]
+    sizes: np.ndarray  # tokens per block of each candidate (a read-only broadcast when they are all equal)
+    matched: np.ndarray  # leading blocks of the prompt each candidate holds
+    cached_tokens: np.ndarray  # matched * sizes: prompt tokens each candidate is predicted to have cached
+    smallest_block: int  # the smallest block size among the candidates
+    hashes: Mapping[int, np.ndarray]  # the prompt's block names per block size ({} without ids)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's length in tokens (0 without ids)."""
+        return len(self.request.token_ids or ())
+
+    def hashes_for(self, request: RouteRequest, size: int) -> np.ndarray:
+        """The block names of ``request`` in blocks of ``size``: the kept ones when it is this match's request."""
+        kept = self.hashes.get(size) if request is self.request else None
+        return kept if kept is not None else block_names(request, size)
+
+
+def tokens_per_block(kv_index: KvIndex, worker: WorkerLoad, default: int) -> int:
+    """The worker's block size: from its /server_info, else learned from its KV events, else ``default``."""
+    return worker.tokens_per_block or kv_index.tokens_per_block(worker.url) or default
+
+
+def match_prefix(
+    kv_index: KvIndex, candidates: Sequence[WorkerLoad], request: RouteRequest, default_tokens_per_block: int
+) -> PrefixMatch:
+    """Match ``request``'s prompt against every one of ``candidates`` (a request without ids matches nothing)."""
+    # Per-candidate work in C (map, attrgetter): this runs for every candidate of every request.
+    urls = list(map(_url, candidates))
+    sizes = list(map(_tokens_per_block, candidates))
+    distinct_sizes = set(sizes)
+    if None in distinct_sizes:  # no size from /server_info: the one learned from events, or the default
+        sizes = [
+            size or tokens_per_block(kv_index, worker, default_tokens_per_block)
+            for size, worker in zip(sizes, candidates, strict=True)
+        ]
+        distinct_sizes = set(sizes)
+    hashes = (
+        {size: block_names(request, size) for size in distinct_sizes} if request.token_ids is not None else {}
+    )
+    block_sizes: np.ndarray | int
+    if len(distinct_sizes) == 1:  # the usual fleet: one block size, one walk for every worker
+        (size,) = distinct_sizes
+        block_sizes = size
+        matched = kv_index.matched_blocks(urls, hashes[size]) if hashes else np.zeros(len(urls), np.int64)
+    else:  # one walk per block size, each for the workers of that size
+        block_sizes = np.array(sizes, np.int64)
+        matched = np.zeros(len(candidates), np.int64)
+        for size, names in hashes.items():
+            of_size = np.flatnonzero(block_sizes == size)
+            matched[of_size] = kv_index.matched_blocks([urls[i] for i in of_size.tolist()], names)
+    return PrefixMatch(
+        request=request,
+        urls=urls,
+        sizes=np.broadcast_to(block_sizes, len(urls)),
+        matched=matched,
+        cached_tokens=matched * block_sizes,
+        smallest_block=min(distinct_sizes),
+        hashes=hashes,
+    )
+
+
+def record_routed(
+    kv_index: KvIndex, match: PrefixMatch | None, worker: WorkerLoad, request: RouteRequest, default: int
+) -> None:
+    """Credit ``worker`` with ``request``'s blocks until its own events say otherwise (``match``: the last
+    select's, whose hashes are reused when it was this request's)."""
+    if request.token_ids is None:
+        return
+    size = tokens_per_block(kv_index, worker, default)
+    hashes = match.hashes_for(request, size) if match is not None else block_names(request, size)
+    kv_index.record_routed_hashes(worker.url, hashes)
+
+
+def block_names(request: RouteRequest, size: int) -> np.ndarray:
+    """The prompt's block hashes in blocks of ``size`` tokens, as uint64 (``request`` must have ids)."""
+    assert request.token_ids is not None
+    return np.frombuffer(block_hash_array(request.token_ids, size, request.cache_salt), np.uint64)

@@ -1,0 +1,251 @@
+"""The predicted_ttft policy: a cost model in seconds over a real KvIndex and the router's WorkerLoad views."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from test_policies import holds, ids, workers
+
+from tokenfront.router.kv_index import KvIndex
+from tokenfront.router.policies import (
+    PredictedTtftConfig,
+    PredictedTtftPolicy,
+    RouteRequest,
+    WorkerLoad,
+    build_policy,
+)
+
+RATE = 1000.0  # prefill tokens a second: costs in binary fractions, so the exact ones compare with ==
+
+
+def policy_with(index: KvIndex, **settings: float | int | None) -> PredictedTtftPolicy:
+    """The policy at RATE; without the occupancy term unless a test sets it (the pending prefill alone)."""
+    defaults = {"prefill_tokens_per_second": RATE, "occupancy_weight": 0.0}
+    config = PredictedTtftConfig(**{**defaults, **settings})  # type: ignore[arg-type]
+    return PredictedTtftPolicy(index, config)
+
+
+def costs(policy: PredictedTtftPolicy) -> dict[str, float]:
+    return {url: row["predicted_ttft_seconds"] for url, row in policy.explain()["workers"].items()}
+
+
+def test_an_idle_worker_with_the_cached_prefix_wins_by_the_prefill_it_saves() -> None:
+    index = KvIndex()
+    policy = policy_with(index)
+    pool = workers(0, 0, 0)
+    prompt = ids(40)
+    holds(index, pool[1], prompt[:20])
+    holds(index, pool[2], prompt[:8])
+    routing = policy.route(pool, RouteRequest(prompt))
+    assert routing.worker.url == "http://w1"
+    assert routing.predicted_cached_tokens == 20
+    assert costs(policy) == {"http://w0": 40 / RATE, "http://w1": 20 / RATE, "http://w2": 32 / RATE}
+
+
+def test_pending_prefill_outweighs_the_saving_until_it_completes() -> None:
+    index = KvIndex()
+    policy = policy_with(index)
+    pool = workers(0, 0)
+    prompt = ids(40)
+    holds(index, pool[1], prompt[:20])
+    long_prompt = RouteRequest(ids(1000, start=5000))  # nothing cached anywhere: 1 s of prefill on w1
+    policy.on_routed(pool[1], long_prompt)
+    assert policy.predicted_load(pool[1]) == {
+        "pending_prefill_tokens": 1000.0,
+        "predicted_queue_seconds": 1.0,
+        "tracked_requests": 1.0,
+    }
+    assert policy.select(pool, RouteRequest(prompt)).url == "http://w0"
+    assert costs(policy) == {"http://w0": 40 / RATE, "http://w1": (1000 + 20) / RATE}
+    policy.on_complete(pool[1], long_prompt, ok=True)  # done: w1 has only its cache to show
+    assert policy.select(pool, RouteRequest(prompt)).url == "http://w1"
+    assert costs(policy) == {"http://w0": 40 / RATE, "http://w1": 20 / RATE}
+
+
+def test_occupancy_counts_the_prompts_in_flight_whatever_they_still_had_to_prefill() -> None:
+    index = KvIndex()
+    policy = policy_with(index, occupancy_weight=0.25)
+    pool = workers(0, 0)
+    conversation = ids(4000)
+    holds(index, pool[1], conversation)  # w1 runs a long conversation, all of it cached: no prefill pending
+    running = RouteRequest(conversation)
+    policy.on_routed(pool[1], running)
+    assert policy.predicted_load(pool[1]) == {
+        "pending_prefill_tokens": 0.0,
+        "predicted_queue_seconds": 0.25 * 4000 / RATE,
+        "tracked_requests": 1.0,
+    }
+    prompt = ids(400)  # w1 holds its first 400 tokens too: a saving of 0.4 s against 1 s of occupancy
+    assert policy.select(pool, RouteRequest(prompt)).url == "http://w0"
+    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": (0.25 * 4000 + 0) / RATE}
+    policy.on_complete(pool[1], running, ok=True)
+    assert policy.select(pool, RouteRequest(prompt)).url == "http://w1"
+    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 0.0}
+
+
+def test_on_routed_adds_the_uncached_tokens_and_on_complete_frees_them() -> None:
+    index = KvIndex()
+    policy = policy_with(index)
+    pool = workers(0, 0)
+    shared = ids(400)
+    holds(index, pool[0], shared[:200])
+    first, second = RouteRequest(shared + ids(100, start=9000)), RouteRequest(ids(1000, start=20_000))
+    routing = policy.route(pool, first)  # w0: 300 uncached tokens against w1's 500
+    assert routing.worker.url == "http://w0" and routing.predicted_cached_tokens == 200
+    policy.on_routed(pool[0], first)
+    policy.on_routed(pool[0], second)  # routed without its own select: matched on w0 alone, nothing cached
+    assert policy.predicted_load(pool[0]) == {
+        "pending_prefill_tokens": 1300.0,
+        "predicted_queue_seconds": 1300 / RATE,
+        "tracked_requests": 2.0,
+    }
+    # The same request routed here again counts once, with what is predicted now: its blocks, recorded as
+    # routed here by the first on_routed, are all cached now (1000 tokens: whole blocks of 4).
+    policy.on_routed(pool[0], second)
+    assert policy.predicted_load(pool[0])["pending_prefill_tokens"] == 300.0
+    assert policy.predicted_load(pool[0])["tracked_requests"] == 2.0
+    policy.on_complete(pool[0], first, ok=False)  # a failed request needs no more prefill either
+    assert policy.predicted_load(pool[0])["pending_prefill_tokens"] == 0.0
+    policy.on_complete(pool[0], second, ok=True)
+    assert policy.predicted_load(pool[0]) == {
+        "pending_prefill_tokens": 0.0,
+        "predicted_queue_seconds": 0.0,
+        "tracked_requests": 0.0,
+    }
+    assert policy._pending == {}  # a worker with nothing in flight is forgotten
+    policy.on_complete(pool[0], second, ok=True)  # a second completion changes nothing
+    policy.on_complete(pool[1], second, ok=True)  # nor one from a worker it was never sent to
+    assert policy.predicted_load(pool[0])["tracked_requests"] == 0.0
+    assert policy.predicted_load(pool[1])["tracked_requests"] == 0.0
+
+
+def test_equal_costs_take_turns() -> None:
+    policy = policy_with(KvIndex())
+    pool = workers(0, 0, 0)
+    chosen = []
+    for turn in range(6):
+        request = RouteRequest(ids(16, start=100 * turn))
+        worker = policy.select(pool, request)
+        policy.on_routed(worker, request)
+        policy.on_complete(worker, request, ok=True)
+        chosen.append(worker.url)
+    assert chosen == ["http://w0", "http://w1", "http://w2"] * 2
+
+
+def test_requests_in_flight_cost_decode_time() -> None:
+    policy = policy_with(KvIndex(), decode_seconds_per_request=0.25)
+    pool = workers(3, 1)
+    assert policy.select(pool, RouteRequest(ids(8))).url == "http://w1"
+    assert costs(policy) == {"http://w0": 0.75 + 8 / RATE, "http://w1": 0.25 + 8 / RATE}
+
+
+def test_overlap_credit_weighs_cached_tokens() -> None:
+    index = KvIndex()
+    pool = workers(0, 0)
+    prompt = ids(40)
+    holds(index, pool[1], prompt[:20])
+    ignoring = policy_with(index, overlap_credit=0.0)
+    ignoring.select(pool, RouteRequest(prompt))
+    assert costs(ignoring) == {"http://w0": 40 / RATE, "http://w1": 40 / RATE}
+    doubled = policy_with(index, overlap_credit=2.0)
+    assert doubled.select(pool, RouteRequest(prompt)).url == "http://w1"
+    assert costs(doubled)["http://w1"] == 0.0
+
+
+def test_a_temperature_draws_reproducibly_with_a_seed_and_favours_the_cheaper() -> None:
+    index = KvIndex()
+    pool = workers(0, 0, 0)
+    prompt = ids(40)
+    holds(index, pool[1], prompt[:40])  # w1: 0.0 s (all cached), the others 0.04 s
+
+    def draws(seed: int) -> list[str]:
+        policy = policy_with(index, temperature=0.02, seed=seed)
+        return [policy.select(pool, RouteRequest(prompt)).url for _ in range(300)]
+
+    first, again, other = draws(7), draws(7), draws(8)
+    assert first == again
+    assert first != other
+    counts = Counter(first)
+    assert sum(counts.values()) == 300
+    # p(w1) = 1 / (1 + 2 e^-2) = 0.787: far more than either other, and the others are drawn too.
+    assert counts["http://w1"] > 180 and counts["http://w0"] > 10 and counts["http://w2"] > 10
+
+
+def test_tracking_is_bounded_per_worker() -> None:
+    policy = policy_with(KvIndex(), max_in_flight_per_worker=2)
+    worker = WorkerLoad("http://w0", tokens_per_block=4)
+    requests = [RouteRequest(ids(500, start=1000 * i)) for i in range(3)]
+    for request in requests:
+        policy.on_routed(worker, request)
+    assert policy.predicted_load(worker)["tracked_requests"] == 2.0
+    assert policy.predicted_load(worker)["predicted_queue_seconds"] == 1.0  # the oldest's 0.5 s dropped
+
+
+def test_a_request_without_ids_costs_its_queue_and_load_only() -> None:
+    """Nothing to match and nothing known to prefill: the pending prefill decides, and it adds none."""
+    policy = policy_with(KvIndex())
+    pool = workers(0, 0)
+    policy.on_routed(pool[0], RouteRequest(ids(500)))
+    routing = policy.route(pool, RouteRequest(None))
+    assert routing.worker.url == "http://w1" and routing.predicted_cached_tokens == 0
+    assert costs(policy) == {"http://w0": 0.5, "http://w1": 0.0}
+    policy.on_routed(routing.worker, RouteRequest(None))
+    assert policy.predicted_load(routing.worker) == {
+        "pending_prefill_tokens": 0.0,
+        "predicted_queue_seconds": 0.0,
+        "tracked_requests": 1.0,
+    }
+
+
+def test_the_factory_takes_the_policy_s_own_config() -> None:
+    config = PredictedTtftConfig(prefill_tokens_per_second=5000.0, temperature=0.5, seed=3)
+    policy = build_policy("predicted_ttft", kv_index=KvIndex(), options=(config,))
+    assert isinstance(policy, PredictedTtftPolicy) and policy.config is config
+    default = build_policy("predicted_ttft", kv_index=KvIndex())
+    assert isinstance(default, PredictedTtftPolicy) and default.config == PredictedTtftConfig()
+    assert default.config.prefill_tokens_per_second == 20_000.0
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("prefill_tokens_per_second", 0.0),
+        ("prefill_tokens_per_second", float("inf")),
+        ("decode_seconds_per_request", -1.0),
+        ("overlap_credit", float("nan")),
+        ("temperature", -0.1),
+        ("max_in_flight_per_worker", 0),
+    ],
+)
+def test_settings_are_validated(setting: str, value: float) -> None:
+    with pytest.raises(ValueError, match=setting):
+        PredictedTtftConfig(**{setting: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--prefill-tokens-per-second", "inf"],
+            "error: --prefill-tokens-per-second must be a positive number",
+        ),
+        (
+            ["--routing-temperature", "-1"],
+            "error: argument --routing-temperature: must be at least 0 (see `tokenfront route --help`)",
+        ),
+    ],
+)
+def test_route_refuses_bad_settings_in_one_line(flags: list[str], message: str) -> None:
+    command = [sys.executable, "-m", "tokenfront.cli", "route", "--worker", "http://127.0.0.1:9"]
+    result = subprocess.run(
+        [*command, "--policy", "predicted_ttft", *flags, "--host", "127.0.0.1", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == message
+    assert "Traceback" not in result.stderr
