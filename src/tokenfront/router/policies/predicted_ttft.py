@@ -24,7 +24,7 @@ Why occupancy (Dynamo counts a worker's active decode blocks for the same reason
 while its running sequences' KV leaves room, so a worker running a few long conversations queues the next
 prompt for as long as they take to answer, however few tokens those conversations still had to prefill.
 Pending prefill alone misses it: on the offline fleet replay (agentic workload, 64 simulated workers, load 0.7,
-seed 0: ``python -m benchmarks.fleet --offline --workers 64``; measured on the working tree after 965e3db) this
+seed 0: ``python -m benchmarks.fleet --offline --workers 64``; measured on the working tree committed as 4273633) this
 policy without the occupancy term sent most new sessions to the workers that first cached the shared system
 prompt (mean TTFT 49 s, the busiest worker 10x the mean). With ``occupancy_weight`` 0.1 / 0.15 / 0.25 / 0.5 /
 1.0 the mean TTFT was 511 / 667 / 719 / 1,301 / 1,940 ms (round-robin 5,226 ms), the p99 2.2 / 3.0 / 3.1 / 5.9 /
