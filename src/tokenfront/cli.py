@@ -668,6 +668,7 @@ def _policy_options(args: argparse.Namespace) -> tuple[object, ...]:
             decode_seconds_per_request=args.decode_seconds_per_request,
             overlap_credit=args.overlap_credit,
             occupancy_weight=args.occupancy_weight,
+            affinity_threshold=args.affinity_threshold,
             temperature=args.routing_temperature,
             seed=args.routing_seed,
         )
@@ -684,6 +685,7 @@ _PREDICTED_TTFT_FLAGS = {
     "decode_seconds_per_request": "--decode-seconds-per-request",
     "overlap_credit": "--overlap-credit",
     "occupancy_weight": "--occupancy-weight",
+    "affinity_threshold": "--affinity-threshold",
     "temperature": "--routing-temperature",
 }
 
@@ -748,16 +750,23 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--overlap-credit",
         type=_non_negative_float,
-        default=1.0,
+        default=1.5,
         help="predicted_ttft: weight of a cached prompt token against the prefill it saves; 0 ignores the "
-        "cache (default: 1.0)",
+        "cache (default: 1.5)",
     )
     group.add_argument(
         "--occupancy-weight",
         type=_non_negative_float,
-        default=0.25,
+        default=0.1,
         help="predicted_ttft: the queueing a prompt token in flight on a worker (the KV its running requests "
-        "hold) predicts, in prefill tokens; 0 counts only pending prefill (default: 0.25)",
+        "hold) predicts, in prefill tokens; 0 counts only pending prefill (default: 0.1)",
+    )
+    group.add_argument(
+        "--affinity-threshold",
+        type=_non_negative_float,
+        default=0.8,
+        help="predicted_ttft: cached tokens count only when a worker holds at least this share of the "
+        "prompt (below it, a shared opening: load decides); 0 always counts them (default: 0.8)",
     )
     group.add_argument(
         "--routing-temperature",

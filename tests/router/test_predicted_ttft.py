@@ -22,8 +22,14 @@ RATE = 1000.0  # prefill tokens a second: costs in binary fractions, so the exac
 
 
 def policy_with(index: KvIndex, **settings: float | int | None) -> PredictedTtftPolicy:
-    """The policy at RATE; without the occupancy term unless a test sets it (the pending prefill alone)."""
-    defaults = {"prefill_tokens_per_second": RATE, "occupancy_weight": 0.0}
+    """The policy at RATE, each term alone: no occupancy, no affinity threshold, cached tokens at their
+    prefill's worth, unless a test sets them."""
+    defaults = {
+        "prefill_tokens_per_second": RATE,
+        "occupancy_weight": 0.0,
+        "affinity_threshold": 0.0,
+        "overlap_credit": 1.0,
+    }
     config = PredictedTtftConfig(**{**defaults, **settings})  # type: ignore[arg-type]
     return PredictedTtftPolicy(index, config)
 
@@ -84,6 +90,20 @@ def test_occupancy_counts_the_prompts_in_flight_whatever_they_still_had_to_prefi
     policy.on_complete(pool[1], running, ok=True)
     assert policy.select(pool, RouteRequest(prompt)).url == "http://w1"
     assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 0.0}
+
+
+def test_below_the_affinity_threshold_the_cache_is_not_credited() -> None:
+    index = KvIndex()
+    policy = policy_with(index, affinity_threshold=0.8)
+    pool = workers(0, 0)
+    prompt = ids(400)
+    holds(index, pool[1], prompt[:304])  # 76 % of the prompt: a shared opening, not this conversation
+    routing = policy.route(pool, RouteRequest(prompt))
+    assert routing.predicted_cached_tokens in (0, 304)  # what the chosen worker holds, credited or not
+    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 400 / RATE}
+    holds(index, pool[1], prompt[:320])  # 80 %: now it counts
+    assert policy.select(pool, RouteRequest(prompt)).url == "http://w1"
+    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 80 / RATE}
 
 
 def test_on_routed_adds_the_uncached_tokens_and_on_complete_frees_them() -> None:
@@ -216,6 +236,7 @@ def test_the_factory_takes_the_policy_s_own_config() -> None:
         ("prefill_tokens_per_second", float("inf")),
         ("decode_seconds_per_request", -1.0),
         ("overlap_credit", float("nan")),
+        ("affinity_threshold", 1.5),
         ("temperature", -0.1),
         ("max_in_flight_per_worker", 0),
     ],

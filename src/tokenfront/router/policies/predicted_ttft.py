@@ -6,14 +6,17 @@ For each candidate, with its cached tokens of the prompt from ``prefix_match``:
 
     queue seconds   = (the worker's pending prefill tokens
                        + occupancy_weight x the prompt tokens of its requests in flight) / prefill_tokens_per_second
-    prefill seconds = (prompt tokens - overlap_credit * cached tokens) / prefill_tokens_per_second
+    prefill seconds = (prompt tokens - overlap_credit * credited cached tokens) / prefill_tokens_per_second
     decode seconds  = active_requests * decode_seconds_per_request
     cost            = queue seconds + prefill seconds + decode seconds
 
-With ``overlap_credit`` 1 (the default) cached tokens count for the prefill they save; above 1 they weigh more
-(more affinity), 0 ignores them (load alone). The lowest cost wins; equal costs take turns (``FairChooser``).
-With ``temperature`` > 0 (seconds) the worker is drawn instead, with probabilities softmax(-cost /
-temperature): spreading near-equal choices the way Dynamo's router temperature does.
+Cached tokens are credited only when some worker holds at least ``affinity_threshold`` of the prompt (0.8):
+below it the match is a shared opening (an agent's system prompt and tools), not this conversation, and load
+decides where the new conversation goes. ``overlap_credit`` (1.5) weighs a cached token against the prefill it
+saves: above 1 a conversation stays where its KV is a little longer than the prefill alone would say (moving it
+costs its next turns their cache too). The lowest cost wins; equal costs take turns (``FairChooser``). With
+``temperature`` > 0 (seconds) the worker is drawn instead, with probabilities softmax(-cost / temperature):
+spreading near-equal choices the way Dynamo's router temperature does.
 
 Pending prefill and occupancy are tracked here, per worker, from what this router sent: ``on_routed`` adds the
 request's predicted uncached tokens (prompt - cached there) and its prompt tokens, ``on_complete`` (answered or
@@ -23,23 +26,30 @@ router sees only the end of an answer that is not streamed.
 Why occupancy (Dynamo counts a worker's active decode blocks for the same reason): a GPU admits a prompt only
 while its running sequences' KV leaves room, so a worker running a few long conversations queues the next
 prompt for as long as they take to answer, however few tokens those conversations still had to prefill.
-Pending prefill alone misses it: on the offline fleet replay (agentic workload, 64 simulated workers, load 0.7,
-seed 0: ``python -m benchmarks.fleet --offline --workers 64``; measured on the working tree committed as 4273633) this
-policy without the occupancy term sent most new sessions to the workers that first cached the shared system
-prompt (mean TTFT 49 s, the busiest worker 10x the mean). With ``occupancy_weight`` 0.1 / 0.15 / 0.25 / 0.5 /
-1.0 the mean TTFT was 511 / 667 / 719 / 1,301 / 1,940 ms (round-robin 5,226 ms), the p99 2.2 / 3.0 / 3.1 / 5.9 /
-8.6 s (round-robin 25.6 s), the hit rate 0.76 / 0.72 / 0.69 / 0.61 / 0.54 (oracle 0.91) and the busiest
-worker 1.87 / 1.89 / 1.61 / 1.46 / 1.44x the mean: 0.25 is the default, the balance of the three. With
-``overlap_credit`` 1.5 (and occupancy 0.1) the hit rate rose to 0.83 and the busiest worker to 2.2x. On that
-run ``kv_cache_aware --load-weight 200 --cache-threshold 0.8`` did better than every setting here (304 ms mean,
-0.87 hit rate, 1.44x): docs/routing.md has the tables.
+
+The defaults were chosen on the offline fleet replay (agentic workload, 64 simulated workers, load 0.7, seed 0,
+2,539 requests, oracle hit rate 0.907: ``python -m benchmarks.fleet --offline --workers 64 --rate-scale
+7.2394``; measured on the working tree committed as 4273633 plus these terms; round-robin 5,226 ms mean TTFT,
+25.6 s p99). As (occupancy, threshold, credit) -> mean TTFT, p99, hit rate, busiest worker over the mean:
+
+- (0, none, 1), pending prefill alone: 49 s, 303 s, 0.73, 10.3x (new sessions piled onto the workers that
+  first cached the system prompt);
+- (0.1 / 0.25 / 0.5 / 1.0, none, 1): 511 / 719 / 1,301 / 1,940 ms; 2.2 / 3.1 / 5.9 / 8.6 s; 0.76 / 0.69 /
+  0.61 / 0.54; 1.87 / 1.61 / 1.46 / 1.44x;
+- (0.05 / 0.1 / 0.25, 0.8, 1): 347 / 427 / 741 ms; 1.8 / 2.2 / 3.4 s; 0.84 / 0.80 / 0.71; 1.49 / 1.24 / 1.41x;
+- (0.1, 0.8, 1.5), the defaults: 312 ms, 1.9 s, 0.859, 1.49x; (0.1, 0.7, 1.5): 546 ms, 4.0 s, 0.83, 2.24x;
+- (0.1 / 0.15, 0.8, 2) and (0.1, 0.8, 1.75): 290-297 ms, 1.8-2.0 s, 0.87, 1.61-1.69x.
+
+So more credit buys hit rate and costs balance; the defaults are the best balance found. On that run
+``kv_cache_aware --load-weight 200 --cache-threshold 0.8`` had 304 ms, 1.9 s, 0.867 and 1.44x: docs/routing.md
+has the tables.
 
 A worker with nothing in flight is forgotten, and at most ``max_in_flight_per_worker`` requests are
 tracked per worker (the oldest go first): the state is bounded even when a completion is lost.
 
-The defaults are the simulated engine's (docs/simulation.md: Llama-3.1-8B on one H100): 20,000 prefill tokens
-a second, and 0.0002 s of decode step a request in flight adds (5e-05 s per sequence plus ~2,700 tokens of
-context read at 5.6e-08 s each). Fit them to your GPUs. There is no cache threshold (kv_cache_aware's).
+The rates' defaults are the simulated engine's (docs/simulation.md: Llama-3.1-8B on one H100): 20,000 prefill
+tokens a second, and 0.0002 s of decode step a request in flight adds (5e-05 s per sequence plus ~2,700 tokens
+of context read at 5.6e-08 s each). Fit them to your GPUs.
 """
 
 from __future__ import annotations
@@ -79,8 +89,9 @@ class PredictedTtftConfig:
 
     prefill_tokens_per_second: float = 20_000.0
     decode_seconds_per_request: float = 0.0002
-    overlap_credit: float = 1.0
-    occupancy_weight: float = 0.25
+    overlap_credit: float = 1.5
+    occupancy_weight: float = 0.1
+    affinity_threshold: float = 0.8
     temperature: float = 0.0  # seconds; 0: the lowest cost, ties in turn
     seed: int | None = None  # the draw's seed when temperature > 0 (None: fresh entropy)
     max_in_flight_per_worker: int = 4096
@@ -92,6 +103,8 @@ class PredictedTtftConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a non-negative number")
+        if not 0 <= self.affinity_threshold <= 1:
+            raise ValueError("affinity_threshold must be between 0 and 1")
         if self.max_in_flight_per_worker < 1:
             raise ValueError("max_in_flight_per_worker must be at least 1")
 
@@ -167,7 +180,12 @@ class PredictedTtftPolicy(Policy):
         with self._lock:
             pending, occupied = self._pending_tokens(match.urls)
             queue = (pending + config.occupancy_weight * occupied) / rate
-            prefill = (prompt_tokens - config.overlap_credit * match.cached_tokens) / rate
+            credited = match.cached_tokens
+            if config.affinity_threshold > 0 and (
+                not prompt_tokens or credited.max() < config.affinity_threshold * prompt_tokens
+            ):
+                credited = np.zeros(len(candidates))  # a shared opening, not this conversation: load decides
+            prefill = (prompt_tokens - config.overlap_credit * credited) / rate
             costs = queue + prefill + config.decode_seconds_per_request * active
             if config.temperature > 0:
                 logits = -(costs - costs.min()) / config.temperature
@@ -258,6 +276,7 @@ class PredictedTtftPolicy(Policy):
             "decode_seconds_per_request": config.decode_seconds_per_request,
             "overlap_credit": config.overlap_credit,
             "occupancy_weight": config.occupancy_weight,
+            "affinity_threshold": config.affinity_threshold,
             "temperature": config.temperature,
             "workers": explain_rows(
                 last.urls,
