@@ -118,10 +118,8 @@ class KvCacheAwarePolicy(Policy):
     def route(self, candidates: Sequence[WorkerLoad], request: RouteRequest) -> Routing:
         match = match_prefix(self.kv_index, candidates, request, self.default_tokens_per_block)
         cached_tokens = match.cached_tokens
-        prompt_tokens = match.prompt_tokens
-        best_share = float(cached_tokens.max()) / prompt_tokens if prompt_tokens else 0.0
-        # Below the threshold a match is the template's common opening, not this conversation: load decides.
-        affinity = best_share >= self.cache_threshold and best_share > 0
+        best_share = match.best_share
+        affinity = match.has_affinity(self.cache_threshold)
         # Matched blocks are counted in blocks of the smallest size, so a cached token weighs the same anywhere.
         cached = cached_tokens / match.smallest_block if affinity else np.zeros(len(candidates))
         active = np.fromiter(map(_active_requests, candidates), np.float64, len(candidates))

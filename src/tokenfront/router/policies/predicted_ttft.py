@@ -180,11 +180,8 @@ class PredictedTtftPolicy(Policy):
         with self._lock:
             pending, occupied = self._pending_tokens(match.urls)
             queue = (pending + config.occupancy_weight * occupied) / rate
-            credited = match.cached_tokens
-            if config.affinity_threshold > 0 and (
-                not prompt_tokens or credited.max() < config.affinity_threshold * prompt_tokens
-            ):
-                credited = np.zeros(len(candidates))  # a shared opening, not this conversation: load decides
+            affinity = match.has_affinity(config.affinity_threshold)
+            credited = match.cached_tokens if affinity else np.zeros(len(candidates))
             prefill = (prompt_tokens - config.overlap_credit * credited) / rate
             costs = queue + prefill + config.decode_seconds_per_request * active
             if config.temperature > 0:

@@ -42,6 +42,18 @@ class PrefixMatch:
         """The prompt's length in tokens (0 without ids)."""
         return len(self.request.token_ids or ())
 
+    @property
+    def best_share(self) -> float:
+        """The largest share of the prompt's tokens any candidate holds (0 without ids)."""
+        prompt_tokens = self.prompt_tokens
+        return float(self.cached_tokens.max()) / prompt_tokens if prompt_tokens else 0.0
+
+    def has_affinity(self, threshold: float) -> bool:
+        """Whether some candidate holds at least ``threshold`` of the prompt (and any of it): below that a match
+        is a shared opening (a template's, an agent's system prompt), not this conversation, and load decides."""
+        best_share = self.best_share
+        return best_share >= threshold and best_share > 0
+
     def hashes_for(self, request: RouteRequest, size: int) -> np.ndarray:
         """The block names of ``request`` in blocks of ``size``: the kept ones when it is this match's request."""
         kept = self.hashes.get(size) if request is self.request else None
