@@ -193,6 +193,8 @@ class _GenerationFields(_Strict):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    # vLLM's: generate past the model's EOS ids (only max_tokens and stop_token_ids end the sequence).
+    ignore_eos: bool | None = None
     cache_salt: str | None = None
     truncate_prompt_tokens: int | None = None
     add_special_tokens: bool | None = None

@@ -139,6 +139,25 @@ def test_stop_token_id_is_the_stop_reason(worker: Any, france_ids: list[int]) ->
     assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", stop_id)
 
 
+def test_ignore_eos_generates_up_to_max_tokens(worker: Any, france_ids: list[int]) -> None:
+    # The greedy answer ends on EOS well before 64 tokens; with ignore_eos only max_tokens ends it, on both
+    # routes, and the answer begins with the one that stopped.
+    params = {**GREEDY, "max_tokens": 64}
+    ended = _generate(worker, france_ids, sampling_params=params, output_mode="text")["choices"][0]
+    assert ended["finish_reason"] == "stop" and len(ended["token_ids"]) < 64, ended
+    body = {**params, "ignore_eos": True}
+    longer = _generate(worker, france_ids, sampling_params=body, output_mode="text")["choices"][0]
+    assert longer["finish_reason"] == "length" and len(longer["token_ids"]) == 64, longer
+    assert longer["token_ids"][: len(ended["token_ids"])] == ended["token_ids"]  # its EOS, then more
+    chat = _post(worker, CHAT, {**FRANCE, "max_tokens": 64, "ignore_eos": True})
+    assert chat["choices"][0]["finish_reason"] == "length"
+    assert chat["usage"]["completion_tokens"] == 64
+    assert chat["choices"][0]["message"]["content"].startswith(ended["text"])
+    stopped = _post(worker, CHAT, {**FRANCE, "max_tokens": 64, "ignore_eos": False})
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert stopped["choices"][0]["message"]["content"] == ended["text"]
+
+
 def test_n_choices_and_length(worker: Any, france_ids: list[int]) -> None:
     params = {"temperature": 1.0, "seed": 7, "n": 2, "max_tokens": 5}
     answer = _generate(worker, france_ids, sampling_params=params)

@@ -221,8 +221,9 @@ def _sampling_params(
     params: dict[str, Any] = {"n": request.n or 1}
     given = request.model_extra or {}
     for name in _PASSED_SAMPLING:
-        if given.get(name) is not None:
-            params[name] = given[name]
+        value = given[name] if name in given else getattr(request, name, None)  # typed (ignore_eos) or extra
+        if value is not None:
+            params[name] = value
     for name in config_fields:
         value = getattr(request, name, None) if name in _CONFIG_SAMPLING else params.get(name)
         value = value if value is not None else generation.get(name)

@@ -101,7 +101,7 @@ class GenerateService:
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
             seed=sampling.seed,
-            stop_token_ids=stop_ids | eos,
+            stop_token_ids=stop_ids | service.sampling.stop_ids(sampling.ignore_eos),
             logprobs=sampling.logprobs,
         )
         # vLLM's text leaves out the stop token that ended a sequence (EOS or one of stop_token_ids).

@@ -44,7 +44,6 @@ _NEUTRAL_SAMPLING: dict[str, tuple[Any, ...]] = {
     "repetition_penalty": (1, 1.0),
     "min_p": (0, 0.0),
     "min_tokens": (0,),
-    "ignore_eos": (False,),
     "prompt_logprobs": (),
     "prompt_logprob_token_ids": (),
     "prompt_logprob_start": (),
@@ -82,6 +81,7 @@ class GenerateSamplingParams(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
     # vLLM: the number of top candidates besides the sampled token (-1: the whole vocabulary).
     logprobs: int | None = Field(default=None, ge=0, le=20)

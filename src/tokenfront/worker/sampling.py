@@ -89,9 +89,14 @@ class SamplingDefaults:
             top_p=max(_first(request.top_p, defaults.get("top_p"), 1.0), MIN_TOP_P),
             top_k=top_k if top_k > 0 else -1,
             seed=request.seed,
-            stop_token_ids=frozenset(request.stop_token_ids or ()) | self.eos_ids,
+            stop_token_ids=frozenset(request.stop_token_ids or ())
+            | self.stop_ids(getattr(request, "ignore_eos", None)),
             logprobs=logprobs,
         )
+
+    def stop_ids(self, ignore_eos: bool | None) -> frozenset[int]:
+        """The EOS ids that end a sequence: none when the request asks to `ignore_eos` (vLLM's meaning)."""
+        return frozenset() if ignore_eos else self.eos_ids
 
     def max_tokens(self, prompt_length: int, requested: int | None) -> int:
         """The token budget: `requested` if the context has room for it, else the room (or max_new_tokens)."""
