@@ -1,6 +1,7 @@
-"""The router's routing decision in-process: KV index + kv_cache_aware policy, from 10 to 1,000 workers.
+"""The router's routing decision in-process: KV index + a KV policy, from 10 to 1,000 workers.
 
-No servers: the router's own `KvIndex` and `kv_cache_aware` policy in this process. Each of N workers holds
+No servers: the router's own `KvIndex` and `kv_cache_aware` policy (or `--policy predicted_ttft`) in this
+process. Each of N workers holds
 `--conversations` conversations (default 4) that all open with the same `--system-tokens` system prompt
 (default 2,048 tokens, held by every worker), each `prompt - 512` tokens long, as a tokenfront worker reports
 them: "stored" events on `/kv_cache_events` (the system prompt once, then each conversation's own blocks on
@@ -21,7 +22,8 @@ top of it). Then, per case:
   front, which tracemalloc counts whole and the system commits only as rows are used.)
 
     python -m benchmarks.kv_decision [--workers 10,100,1000] [--prompt-tokens 8192,32768] [--decisions 200]
-                                     [--conversations 4] [--system-tokens 2048] [--event-batches 200] [--json]
+                                     [--conversations 4] [--system-tokens 2048] [--event-batches 200]
+                                     [--policy kv_cache_aware|predicted_ttft] [--json]
 
 It uses only the index's long-standing API (`KvIndex`, `apply_tokenfront_events`, `stats`, `build_policy`,
 `core.kv_blocks.block_hashes`), so the same script measures an older tree: `git archive <commit> src | tar -x
@@ -80,6 +82,11 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=4, help="per worker")
     parser.add_argument("--system-tokens", type=int, default=2048)
     parser.add_argument("--event-batches", type=int, default=200)
+    parser.add_argument(
+        "--policy",
+        default="kv_cache_aware",
+        help="the policy deciding: kv_cache_aware (default) or predicted_ttft",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
     cases = [
@@ -87,12 +94,17 @@ def main() -> None:
         for workers in _ints(args.workers)
         for prompt_tokens in _ints(args.prompt_tokens)
     ]
-    machine = {"kv_cache_hash": KV_CACHE_HASH, "load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
+    machine = {
+        "policy": args.policy,
+        "kv_cache_hash": KV_CACHE_HASH,
+        "load_average_1m": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+    }
     if args.json:
         print(json.dumps({"machine": machine, "cases": [asdict(case) for case in cases]}, indent=2))
         return
     print(
-        f"kv_cache_hash {KV_CACHE_HASH}; load average {machine['load_average_1m']:.1f} on {machine['cpus']} CPUs"
+        f"policy {args.policy}; kv_cache_hash {KV_CACHE_HASH}; load average {machine['load_average_1m']:.1f} on {machine['cpus']} CPUs"
     )
     print(
         f"{'workers':>7} {'prompt':>6} {'held blocks':>11} {'hash ms':>7} {'p50 ms':>6} {'p99 ms':>6} "
@@ -141,10 +153,10 @@ def run_case(n_workers: int, prompt_tokens: int, args: argparse.Namespace) -> Ca
     prompt = list(array("I", system + _conversation_ids(0, 0, prompt_tokens - args.system_tokens)))
     hashing = statistics.median(_timed(lambda: block_hashes(prompt, TOKENS_PER_BLOCK)) for _ in range(50))
 
-    policy = build_policy("kv_cache_aware", kv_index=index)
+    policy = build_policy(args.policy, kv_index=index)
     loads = [WorkerLoad(url, rng.randrange(3), TOKENS_PER_BLOCK) for url in urls]
     times, cpu_times, to_holder = [], [], 0
-    answered: list[RouteRequest] = []  # the request being answered, as a router holds it
+    answered: list[tuple[RouteRequest, WorkerLoad]] = []  # the request being answered, as a router holds it
     # What is set up lives on: frozen, as `tokenfront` freezes what start-up loaded (cli._serve), so the
     # collector's full passes do not walk the benchmark's own data inside a decision.
     gc.collect()
@@ -159,7 +171,9 @@ def run_case(n_workers: int, prompt_tokens: int, args: argparse.Namespace) -> Ca
         elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
         # The policy lets go of the previous request inside `select`; freeing its 32k ints is the caller's
         # business (a router frees a request when it is answered), so it happens here, outside the timing.
-        answered[:] = [request]
+        for done, done_on in answered:  # answered before the next one comes, outside the timing
+            policy.on_complete(done_on, done, True)
+        answered[:] = [(request, chosen)]
         if number >= WARM_UP:
             times.append(elapsed)
             cpu_times.append(cpu)

@@ -59,8 +59,18 @@ from benchmarks.fleet.results import Outcome, PolicyRun, summary
 from benchmarks.fleet.scenario import WORKLOADS, WorkloadSpec
 from benchmarks.servers import Server, launch, launch_tokenfront, stop_all, wait_for_urls, wait_healthy
 from tokenfront import fixtures
-from tokenfront.router.policies import POLICIES
+from tokenfront.router.policies import POLICIES, PredictedTtftConfig
 
+# predicted_ttft's settings a tuning run may change: the router's flag and PredictedTtftConfig's field.
+_PREDICTED_TTFT_FLAGS = {
+    "--overlap-credit": "overlap_credit",
+    "--occupancy-weight": "occupancy_weight",
+    "--affinity-threshold": "affinity_threshold",
+    "--decode-seconds-per-request": "decode_seconds_per_request",
+    "--occupancy-linger": "occupancy_linger_seconds",
+}
+# Of those, the durations: modelled seconds, which the live router (on wall time) gets as the slowed clock's.
+_PREDICTED_TTFT_DURATIONS = frozenset({"occupancy_linger_seconds"})
 DEFAULT_POLICIES = "kv_cache_aware,predicted_ttft,round_robin,load_balancing"
 # The live fleet's clock: a tenth of real time. 256 workers at load 0.7 over 60 s are ~165 requests a modelled
 # second, ~16 a wall second at 0.1, what this 2-core machine's one fleet process, router and client carry; at
@@ -82,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_events_interval=args.kv_events_interval,
         load_weight=args.load_weight,
         cache_threshold=args.cache_threshold,
+        predicted_ttft=_predicted_ttft(args),
     )
     started = time.perf_counter()
     try:
@@ -119,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "sim_speedup": None if args.offline else args.sim_speedup,
         "load_weight": args.load_weight,
         "cache_threshold": args.cache_threshold,
+        "predicted_ttft": {name: getattr(args, name) for name in _PREDICTED_TTFT_FLAGS.values()},
         "skipped": {},
     }
     for policy in args.policies.split(","):
@@ -181,6 +193,15 @@ def _parser() -> argparse.ArgumentParser:
         default=0.5,
         help="kv_cache_aware's --cache-threshold, live and offline (default: 0.5, the router's)",
     )
+    for flag, name in _PREDICTED_TTFT_FLAGS.items():
+        default = getattr(PredictedTtftConfig(), name)
+        parser.add_argument(
+            flag,
+            dest=name,
+            type=float,
+            default=default,
+            help=f"predicted_ttft's {flag}, live and offline (default: {default:g}, the router's)",
+        )
     parser.add_argument(
         "--offline",
         action="store_true",
@@ -212,6 +233,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _predicted_ttft(args: argparse.Namespace) -> PredictedTtftConfig:
+    """predicted_ttft's settings from the flags (ValueError naming the field for a bad one)."""
+    return PredictedTtftConfig(**{name: getattr(args, name) for name in _PREDICTED_TTFT_FLAGS.values()})
+
+
 def _check(args: argparse.Namespace) -> None:
     """The flags' mistakes, each a ValueError with one line to print."""
     if args.workers < 1:
@@ -228,6 +254,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--kv-events-interval must be more than 0, not {args.kv_events_interval}")
     if args.concurrency < 1 or not args.request_timeout > 0:
         raise ValueError("--concurrency must be at least 1 and --request-timeout more than 0")
+    _predicted_ttft(args)
     if not [policy for policy in args.policies.split(",") if policy]:
         raise ValueError("--policies names no policy")
 
@@ -276,6 +303,12 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
                     "--cache-threshold",
                     str(args.cache_threshold),
                 ]
+            if policy == "predicted_ttft":
+                for flag, name in _PREDICTED_TTFT_FLAGS.items():
+                    value = getattr(args, name)
+                    if name in _PREDICTED_TTFT_DURATIONS:  # the router's clock is wall time: slowed seconds
+                        value /= args.sim_speedup
+                    route += [flag, str(value)]
             # A request may wait long for its first token at a slowed clock (its stream's head comes first):
             # the router must not give up before the client does.
             route += ["--first-byte-timeout", str(args.request_timeout)]

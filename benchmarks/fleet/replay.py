@@ -26,13 +26,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from benchmarks.fleet.requests import TimedRequest
 from benchmarks.fleet.results import Outcome, PolicyRun
 from benchmarks.fleet.virtual_clock import run_virtual
 from tokenfront.router.kv_index import KvIndex
-from tokenfront.router.policies import Policy, RouteRequest, WorkerLoad, build_policy
+from tokenfront.router.policies import Policy, PredictedTtftConfig, RouteRequest, WorkerLoad, build_policy
 from tokenfront.worker.engine import NO_TOKEN, GenerationRequest, SamplingParams
 from tokenfront.worker.engines.simulated import SimulatedEngine, SimulatedGpu
 
@@ -63,6 +63,7 @@ class ReplaySettings:
     kv_events_interval: float = 0.5
     load_weight: float = 1.0
     cache_threshold: float = 0.5
+    predicted_ttft: PredictedTtftConfig = field(default_factory=PredictedTtftConfig)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -131,6 +132,7 @@ def _policy(name: str, index: KvIndex, settings: ReplaySettings) -> Policy:
         load_weight=settings.load_weight,
         default_tokens_per_block=settings.gpu.tokens_per_block,
         cache_threshold=settings.cache_threshold,
+        options=(settings.predicted_ttft,),
     )
 
 

@@ -669,6 +669,7 @@ def _policy_options(args: argparse.Namespace) -> tuple[object, ...]:
             overlap_credit=args.overlap_credit,
             occupancy_weight=args.occupancy_weight,
             affinity_threshold=args.affinity_threshold,
+            occupancy_linger_seconds=args.occupancy_linger,
             temperature=args.routing_temperature,
             seed=args.routing_seed,
         )
@@ -686,6 +687,7 @@ _PREDICTED_TTFT_FLAGS = {
     "overlap_credit": "--overlap-credit",
     "occupancy_weight": "--occupancy-weight",
     "affinity_threshold": "--affinity-threshold",
+    "occupancy_linger_seconds": "--occupancy-linger",
     "temperature": "--routing-temperature",
 }
 
@@ -729,9 +731,9 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--policy",
         choices=["kv_cache_aware", "load_balancing", "predicted_ttft", "round_robin"],
-        default="kv_cache_aware",
-        help="how a worker is chosen (default: kv_cache_aware: the longest cached prefix, minus a load "
-        "penalty; predicted_ttft: the lowest predicted time to first token)",
+        default="predicted_ttft",
+        help="how a worker is chosen (default: predicted_ttft: the lowest predicted time to first token; "
+        "kv_cache_aware: the longest cached prefix, minus a load penalty)",
     )
     group.add_argument(
         "--prefill-tokens-per-second",
@@ -750,9 +752,9 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--overlap-credit",
         type=_non_negative_float,
-        default=1.5,
+        default=1.75,
         help="predicted_ttft: weight of a cached prompt token against the prefill it saves; 0 ignores the "
-        "cache (default: 1.5)",
+        "cache (default: 1.75)",
     )
     group.add_argument(
         "--occupancy-weight",
@@ -767,6 +769,14 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.8,
         help="predicted_ttft: cached tokens count only when a worker holds at least this share of the "
         "prompt (below it, a shared opening: load decides); 0 always counts them (default: 0.8)",
+    )
+    group.add_argument(
+        "--occupancy-linger",
+        type=_non_negative_float,
+        default=6.0,
+        help="predicted_ttft: seconds an answered request's prompt still counts in its worker's occupancy "
+        "(an agent's next turn comes back to it after its think time); 0 counts requests in flight only "
+        "(default: 6)",
     )
     group.add_argument(
         "--routing-temperature",

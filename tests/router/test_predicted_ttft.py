@@ -29,6 +29,7 @@ def policy_with(index: KvIndex, **settings: float | int | None) -> PredictedTtft
         "occupancy_weight": 0.0,
         "affinity_threshold": 0.0,
         "overlap_credit": 1.0,
+        "occupancy_linger_seconds": 0.0,
     }
     config = PredictedTtftConfig(**{**defaults, **settings})  # type: ignore[arg-type]
     return PredictedTtftPolicy(index, config)
@@ -90,6 +91,34 @@ def test_occupancy_counts_the_prompts_in_flight_whatever_they_still_had_to_prefi
     policy.on_complete(pool[1], running, ok=True)
     assert policy.select(pool, RouteRequest(prompt)).url == "http://w1"
     assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 0.0}
+
+
+def test_an_answered_prompt_lingers_in_the_occupancy_for_its_next_turn() -> None:
+    now = [100.0]
+    index = KvIndex(clock=lambda: now[0])
+    policy = policy_with(index, occupancy_weight=0.25, occupancy_linger_seconds=5.0)
+    pool = workers(0, 0)
+    turn = RouteRequest(ids(4000))
+    policy.on_routed(pool[1], turn)
+    policy.on_complete(pool[1], turn, ok=True)  # answered: its agent thinks, its next turn comes back here
+    lingering = {"pending_prefill_tokens": 0.0, "predicted_queue_seconds": 1.0, "tracked_requests": 0.0}
+    assert policy.predicted_load(pool[1]) == lingering
+    prompt = RouteRequest(ids(400, start=50_000))  # a new conversation: the idle worker is cheaper
+    assert policy.select(pool, prompt).url == "http://w0"
+    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": (1000 + 400) / RATE}
+    now[0] = 104.9
+    policy.select(pool, prompt)
+    assert costs(policy)["http://w1"] == (1000 + 400) / RATE
+    now[0] = 105.0  # the linger is over: w1 is idle again, and forgotten
+    policy.select(pool, prompt)
+    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 400 / RATE}
+    assert policy.predicted_load(pool[1])["predicted_queue_seconds"] == 0.0
+    assert policy._pending == {} and policy._lingering_of == {}
+    # Without a linger an answered prompt leaves the occupancy at once.
+    plain = policy_with(KvIndex(), occupancy_weight=0.25, occupancy_linger_seconds=0.0)
+    plain.on_routed(pool[1], turn)
+    plain.on_complete(pool[1], turn, ok=True)
+    assert plain.predicted_load(pool[1])["predicted_queue_seconds"] == 0.0
 
 
 def test_below_the_affinity_threshold_the_cache_is_not_credited() -> None:

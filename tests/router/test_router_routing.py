@@ -216,7 +216,7 @@ def test_router_common_routes_and_render(client: httpx.Client, workers: list[Any
     assert client.get("/health").json() == {"status": "ok"}
     info = client.get("/server_info").json()
     worker_info = httpx.get(f"{workers[0].url}/server_info").json()
-    assert info["role"] == "router" and info["policy"] == "kv_cache_aware"
+    assert info["role"] == "router" and info["policy"] == "predicted_ttft"
     assert info["render_fingerprint"]["digest"] == worker_info["render_fingerprint"]["digest"]
     assert {worker["url"] for worker in info["workers"]} == {worker.url for worker in workers}
     assert [model["id"] for model in client.get("/v1/models").json()["data"]] == ["tiny-random"]

@@ -68,7 +68,7 @@ class RouterSettings:
     """How the router routes: its workers, policy and weights, and its pool's timings."""
 
     workers: Sequence[WorkerSpec] = ()
-    policy: str = "kv_cache_aware"
+    policy: str = "predicted_ttft"
     load_weight: float = 1.0
     default_tokens_per_block: int = 16
     cache_threshold: float = 0.5

@@ -203,6 +203,10 @@ class FleetBlocks:
         """The index's re-entrant lock: held by every method; a feed holds it across a batch."""
         return self._lock
 
+    def now(self) -> float:
+        """The index's clock (seconds): what its routed guesses expire by; a policy's own timing follows it."""
+        return self._clock()
+
     # --- lookups -------------------------------------------------------------------------------------------
 
     def match(

@@ -26,7 +26,7 @@ POLICIES: dict[str, type[Policy]] = {
     RoundRobinPolicy.name: RoundRobinPolicy,
 }
 
-DEFAULT_POLICY = KvCacheAwarePolicy.name
+DEFAULT_POLICY = PredictedTtftPolicy.name
 
 
 def build_policy(

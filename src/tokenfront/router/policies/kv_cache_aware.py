@@ -1,4 +1,4 @@
-"""kv_cache_aware (the default): send a request where its prompt's prefix is already cached, unless busy.
+"""kv_cache_aware: send a request where its prompt's prefix is already cached, unless busy.
 
 For each candidate, ``prefix_match`` cuts the prompt's ids into blocks of that worker's ``tokens_per_block``
 (from its /server_info, else from its KV events, else ``default_tokens_per_block``: vLLM's default block
