@@ -104,6 +104,7 @@ bench-robustness: install-test
 # The KV index in-process: decision p50/p99 (hashing included), events applied per second, bytes per held block.
 bench-kv-decision: install-test
 	$(BIN)/python -m benchmarks.kv_decision
+	$(BIN)/python -m benchmarks.kv_decision --policy predicted_ttft --workers 1000
 
 # One renderer holding 10,000 idle or silent connections, slow-loris and huge headers; the protocol's cost.
 bench-connections: install-test
@@ -124,7 +125,7 @@ bench-simulated-fleet: install-test
 # offline on the virtual clock at 1,000 (docs/routing.md). 64 workers carry a clock at 0.25 (256 need 0.1).
 bench-fleet: install-test
 	$(BIN)/tokenfront fixtures --only qwen3
-	$(BIN)/python -m benchmarks.fleet --workers 64 --load 0.7 --sim-speedup 0.25
+	$(BIN)/python -m benchmarks.fleet --workers 64 --load 0.7 --duration 30
 	$(BIN)/python -m benchmarks.fleet --offline --workers 1000 --load 0.7 --duration 20
 
 clean:
