@@ -1,4 +1,4 @@
-"""The metrics of routing, end to end: a real router (predicted_ttft, then the default policy) in front of two
+"""The metrics of routing, end to end: a real router (predicted_ttft, then kv_cache_aware) in front of two
 real simulated GPU workers on Qwen3's tokenizer files, all processes on loopback.
 
 The decision histogram counts every decision; the predicted and achieved cached tokens are counted over the
@@ -40,7 +40,9 @@ def _all_healthy(url: str, count: int) -> bool:
 
 @pytest.fixture(scope="module")
 def client(fleet: Fleet, qwen3: Path, workers: list[Any]) -> Iterator[httpx.Client]:
-    router = _router(fleet, qwen3, workers, "--policy", "predicted_ttft")
+    # No linger: once the answers are in, nothing of them is left in the predicted load (the linger has its
+    # own test in test_predicted_ttft.py).
+    router = _router(fleet, qwen3, workers, "--policy", "predicted_ttft", "--occupancy-linger", "0")
     with httpx.Client(base_url=router.url, timeout=60.0) as http:
         yield http
 
@@ -130,10 +132,10 @@ def test_workers_show_the_policy_s_predicted_load(client: httpx.Client, workers:
 
 
 @pytest.mark.slow
-def test_the_default_policy_shows_requests_in_flight_and_predicts_cached_tokens(
+def test_kv_cache_aware_shows_requests_in_flight_and_predicts_cached_tokens(
     fleet: Fleet, qwen3: Path, workers: list[Any]
 ) -> None:
-    router = _router(fleet, qwen3, workers)
+    router = _router(fleet, qwen3, workers, "--policy", "kv_cache_aware")
     with httpx.Client(base_url=router.url, timeout=60.0) as http:
         listing = http.get("/workers").json()["workers"]
         assert [worker["predicted_load"] for worker in listing] == [{"active_requests": 0.0}] * 2
