@@ -122,7 +122,7 @@ bench-simulated-fleet: install-test
 	$(BIN)/python -m benchmarks.simulated_fleet --workers 64,256
 
 # Routing policies on a simulated fleet at load 0.7 of the agentic workload: live at 64 workers (real servers),
-# offline on the virtual clock at 1,000 (docs/routing.md). 64 workers carry a clock at 0.25 (256 need 0.1).
+# offline on the virtual clock at 1,000 (docs/routing.md). Live at the default clock, 0.1: 256 live workers need more than 2 cores.
 bench-fleet: install-test
 	$(BIN)/tokenfront fixtures --only qwen3
 	$(BIN)/python -m benchmarks.fleet --workers 64 --load 0.7 --duration 30
