@@ -14,9 +14,12 @@ fresh fleet (empty caches, zeroed counters):
 
 - live (the default): `tokenfront simulate --workers N --port 0 --sim-speedup S` (0.1) and a fresh
   `tokenfront route --policy P` in front of it, both real processes on loopback, stopped by their pids after the
-  policy's run. The requests are sent open loop, each at its `at` on a clock `--sim-speedup` times slower than
-  the modelled one, as streaming `/v1/completions` of its ids (`TimedRequest.completion_body`, usage included),
-  at most `--concurrency` in flight (a request due while that many are in flight waits, and its wait counts in
+  policy's run. The router's periodic work keeps the modelled clock: it reads each worker's events every
+  `--kv-events-interval` and checks its health every 2 modelled seconds (5 and 20 wall seconds at 0.1), as
+  often as a router on real GPUs would, not ten times as often. The requests are sent open loop, each at its
+  `at` on a clock `--sim-speedup` times slower than the modelled one, as streaming `/v1/completions` of its
+  ids (`TimedRequest.completion_body`, usage included), at most `--concurrency` in flight (a request due
+  while that many are in flight waits, and its wait counts in
   its TTFT) and each given `--request-timeout` wall seconds. TTFT is the client's: from when the request was due
   to its first content event, converted to modelled seconds (x the speedup); the hit rate comes from
   `usage.prompt_tokens_details.cached_tokens`. An answer that is not a 200, breaks off or has no content is an
@@ -72,6 +75,8 @@ _PREDICTED_TTFT_FLAGS = {
 # Of those, the durations: modelled seconds, which the live router (on wall time) gets as the slowed clock's.
 _PREDICTED_TTFT_DURATIONS = frozenset({"occupancy_linger_seconds"})
 DEFAULT_POLICIES = "kv_cache_aware,predicted_ttft,round_robin,load_balancing"
+# The live router's health checks, in modelled seconds apart: `tokenfront route`'s default --health-interval.
+_HEALTH_INTERVAL = 2.0
 # The live fleet's clock: a tenth of real time. 256 workers at load 0.7 over 60 s are ~165 requests a modelled
 # second, ~16 a wall second at 0.1, what this 2-core machine's one fleet process, router and client carry; at
 # 0.25 a 256-worker run failed (docs/routing.md has the lateness measured; 0.1 itself was not measured at 256).
@@ -217,8 +222,8 @@ def _parser() -> argparse.ArgumentParser:
         "--kv-events-interval",
         type=float,
         default=0.5,
-        help="offline: modelled seconds between the index's reads of each engine's events (default: 0.5, "
-        "the router's default)",
+        help="modelled seconds between the index's reads of each engine's events (default: 0.5, the "
+        "router's default); live, the router's --kv-events-interval is that on the slowed clock",
     )
     parser.add_argument(
         "--concurrency", type=int, default=4096, help="live: requests in flight at most (default: 4096)"
@@ -309,6 +314,10 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
                     if name in _PREDICTED_TTFT_DURATIONS:  # the router's clock is wall time: slowed seconds
                         value /= args.sim_speedup
                     route += [flag, str(value)]
+            # The router's periods are wall seconds: its event reads and health checks come as often in modelled
+            # time as a router's on real GPUs (every 0.5 and 2 modelled seconds), not 1 / speedup times as often.
+            route += ["--kv-events-interval", str(args.kv_events_interval / args.sim_speedup)]
+            route += ["--health-interval", str(_HEALTH_INTERVAL / args.sim_speedup)]
             # A request may wait long for its first token at a slowed clock (its stream's head comes first):
             # the router must not give up before the client does.
             route += ["--first-byte-timeout", str(args.request_timeout)]

@@ -161,7 +161,9 @@ async def _answer(
         async for output in stream:
             if output.token_id != NO_TOKEN:
                 tokens += 1
-                first = loop.time() if first is None else first
+                if first is None:  # the router sees a stream's first event (`Proxy._attempt`)
+                    first = loop.time()
+                    policy.on_first_token(worker, route)
             finish = output.finish_reason
         ok = first is not None and finish != "abort"
         if not ok or first is None:

@@ -140,3 +140,26 @@ def test_stream_reader_framing(pipeline: RenderPipeline) -> None:
     cut_short = b"data: " + json.dumps(events[0]).encode() + b"\n\n"
     with pytest.raises(RemoteProtocolError, match="before every choice finished"):
         _read_all(GenerateStream(_Chunks([cut_short]), call.reading()))
+
+
+def test_a_generate_stream_has_produced_once_ids_arrive(pipeline: RenderPipeline) -> None:
+    """The first-token moment of a generate stream (a policy's `on_first_token`): its first event with ids."""
+    ids = pipeline.tokenizer.encode("Hello.", add_special_tokens=False)
+    events = [
+        {"request_id": "r", "choices": [{"index": 0, "token_ids": [], "finish_reason": None}]},
+        {"request_id": "r", "choices": [{"index": 0, "token_ids": ids, "finish_reason": None}]},
+        {"request_id": "r", "choices": [{"index": 0, "token_ids": [2], "finish_reason": "stop"}]},
+    ]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    call = _chat(pipeline, stream=True)
+    assert call is not None
+    stream = GenerateStream(_Chunks([body]), call.reading())
+
+    async def produced_after_each() -> list[bool]:
+        seen = []
+        while await stream.next_chunk() is not None:
+            seen.append(stream.produced)
+        return seen
+
+    # The first answer opens the choice with nothing generated yet; the next carries ids.
+    assert asyncio.run(produced_after_each()) == [False, True, True, True]

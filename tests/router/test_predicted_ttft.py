@@ -19,6 +19,7 @@ from tokenfront.router.policies import (
 )
 
 RATE = 1000.0  # prefill tokens a second: costs in binary fractions, so the exact ones compare with ==
+IDLE = {"pending_prefill_tokens": 0.0, "predicted_queue_seconds": 0.0, "tracked_requests": 0.0}
 
 
 def policy_with(index: KvIndex, **settings: float | int | None) -> PredictedTtftPolicy:
@@ -112,8 +113,7 @@ def test_an_answered_prompt_lingers_in_the_occupancy_for_its_next_turn() -> None
     now[0] = 105.0  # the linger is over: w1 is idle again, and forgotten
     policy.select(pool, prompt)
     assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 400 / RATE}
-    assert policy.predicted_load(pool[1])["predicted_queue_seconds"] == 0.0
-    assert policy._pending == {} and policy._lingering_of == {}
+    assert policy.predicted_load(pool[1]) == IDLE
     # Without a linger an answered prompt leaves the occupancy at once.
     plain = policy_with(KvIndex(), occupancy_weight=0.25, occupancy_linger_seconds=0.0)
     plain.on_routed(pool[1], turn)
@@ -121,18 +121,83 @@ def test_an_answered_prompt_lingers_in_the_occupancy_for_its_next_turn() -> None
     assert plain.predicted_load(pool[1])["predicted_queue_seconds"] == 0.0
 
 
-def test_below_the_affinity_threshold_the_cache_is_not_credited() -> None:
+def test_the_first_token_ends_the_pending_prefill_and_the_prompt_stays_in_the_occupancy() -> None:
+    policy = policy_with(KvIndex(), occupancy_weight=0.25)
+    pool = workers(0, 0)
+    request = RouteRequest(ids(1000, start=5000))  # nothing cached: 1000 tokens to prefill on w1
+    policy.on_routed(pool[1], request)
+    assert policy.predicted_load(pool[1]) == {
+        "pending_prefill_tokens": 1000.0,
+        "predicted_queue_seconds": (1000 + 0.25 * 1000) / RATE,
+        "tracked_requests": 1.0,
+    }
+    policy.on_first_token(pool[1], request)  # prefilled: it decodes now, holding its prompt's KV
+    decoding = {"pending_prefill_tokens": 0.0, "predicted_queue_seconds": 0.25, "tracked_requests": 1.0}
+    assert policy.predicted_load(pool[1]) == decoding
+    policy.on_first_token(pool[1], request)  # a second first token, or one from elsewhere, changes nothing
+    policy.on_first_token(pool[0], request)
+    assert policy.predicted_load(pool[1]) == decoding
+    assert policy.predicted_load(pool[0]) == IDLE
+    prompt = RouteRequest(ids(400))
+    policy.select(pool, prompt)
+    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": (250 + 400) / RATE}
+    policy.on_complete(pool[1], request, ok=True)
+    assert policy.predicted_load(pool[1]) == IDLE
+
+
+def test_a_next_turn_is_not_queued_behind_its_own_lingering_turn() -> None:
+    """The linger stands for an agent coming back; when its next turn comes, its previous prompt's linger
+    does not count against the worker holding it, and ends wherever the turn goes."""
+    now = [100.0]
+    index = KvIndex(clock=lambda: now[0])
+    policy = policy_with(index, occupancy_weight=0.25, occupancy_linger_seconds=60.0)
+    pool = workers(0, 0, 0)
+    first, other = ids(4000), ids(4000, start=100_000)
+    for worker, prompt in ((pool[1], first), (pool[2], other)):  # two agents, one a worker, both answered
+        turn = RouteRequest(prompt)
+        policy.on_routed(worker, turn)
+        policy.on_complete(worker, turn, ok=True)
+    assert policy.predicted_load(pool[1])["predicted_queue_seconds"] == 1.0
+    new = RouteRequest(ids(400, start=50_000))  # a new conversation sees both lingering prompts
+    policy.select(pool, new)
+    assert costs(policy) == {"http://w0": 0.4, "http://w1": 1.4, "http://w2": 1.4}
+    follow_up = RouteRequest(first + ids(400, start=9000))  # w1's agent is back: its 4000 tokens cached there
+    assert policy.select(pool, follow_up).url == "http://w1"
+    assert costs(policy) == {"http://w0": 4.4, "http://w1": 0.4, "http://w2": 1.0 + 4.4}
+    policy.on_routed(pool[1], follow_up)  # its previous turn's linger ends; the new prompt is in flight
+    assert policy.predicted_load(pool[1]) == {
+        "pending_prefill_tokens": 400.0,
+        "predicted_queue_seconds": (400 + 0.25 * 4400) / RATE,
+        "tracked_requests": 1.0,
+    }
+    away = RouteRequest(other + ids(400, start=70_000))  # w2's agent is back, and sent elsewhere:
+    pool[2].active_requests = 25_000  # w2 is decoding so much (5 s) that recomputing the prompt is cheaper
+    assert policy.select(pool, away).url == "http://w0"
+    policy.on_routed(pool[0], away)
+    assert policy.predicted_load(pool[2]) == IDLE  # its linger on w2 ended all the same
+    now[0] = 1000.0  # every linger is over: the one that ended early is not taken out twice
+    policy.on_complete(pool[1], follow_up, ok=True)
+    policy.on_complete(pool[0], away, ok=True)
+    policy.select(pool, new)
+    assert [policy.predicted_load(worker)["predicted_queue_seconds"] for worker in pool] == [1.1, 1.1, 0.0]
+
+
+def test_below_the_affinity_threshold_only_what_one_worker_alone_holds_is_credited() -> None:
     index = KvIndex()
     policy = policy_with(index, affinity_threshold=0.8)
-    pool = workers(0, 0)
+    pool = workers(0, 0, 0)
     prompt = ids(400)
-    holds(index, pool[1], prompt[:304])  # 76 % of the prompt: a shared opening, not this conversation
+    holds(index, pool[1], prompt[:240])  # 60 % of the prompt, held by two workers: a shared opening
+    holds(index, pool[2], prompt[:240])
     routing = policy.route(pool, RouteRequest(prompt))
-    assert routing.predicted_cached_tokens in (0, 304)  # what the chosen worker holds, credited or not
-    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 400 / RATE}
-    holds(index, pool[1], prompt[:320])  # 80 %: now it counts
-    assert policy.select(pool, RouteRequest(prompt)).url == "http://w1"
-    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 80 / RATE}
+    assert routing.predicted_cached_tokens in (0, 240)  # what the chosen worker holds, credited or not
+    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 400 / RATE, "http://w2": 400 / RATE}
+    holds(index, pool[2], prompt[:304])  # 76 %: w2 holds 64 tokens past the opening, this conversation's own
+    assert policy.select(pool, RouteRequest(prompt)).url == "http://w2"
+    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 400 / RATE, "http://w2": 336 / RATE}
+    holds(index, pool[2], prompt[:320])  # 80 %: now all of every worker's match counts
+    assert policy.select(pool, RouteRequest(prompt)).url == "http://w2"
+    assert costs(policy) == {"http://w0": 400 / RATE, "http://w1": 160 / RATE, "http://w2": 80 / RATE}
 
 
 def test_on_routed_adds_the_uncached_tokens_and_on_complete_frees_them() -> None:
@@ -159,12 +224,7 @@ def test_on_routed_adds_the_uncached_tokens_and_on_complete_frees_them() -> None
     policy.on_complete(pool[0], first, ok=False)  # a failed request needs no more prefill either
     assert policy.predicted_load(pool[0])["pending_prefill_tokens"] == 0.0
     policy.on_complete(pool[0], second, ok=True)
-    assert policy.predicted_load(pool[0]) == {
-        "pending_prefill_tokens": 0.0,
-        "predicted_queue_seconds": 0.0,
-        "tracked_requests": 0.0,
-    }
-    assert policy._pending == {}  # a worker with nothing in flight is forgotten
+    assert policy.predicted_load(pool[0]) == IDLE  # nothing in flight
     policy.on_complete(pool[0], second, ok=True)  # a second completion changes nothing
     policy.on_complete(pool[1], second, ok=True)  # nor one from a worker it was never sent to
     assert policy.predicted_load(pool[0])["tracked_requests"] == 0.0

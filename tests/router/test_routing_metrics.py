@@ -146,3 +146,38 @@ def test_kv_cache_aware_shows_requests_in_flight_and_predicts_cached_tokens(
         assert _value(samples, "tokenfront_router_decision_seconds_count") == 3
         assert _value(samples, "tokenfront_router_prompt_matched_share_count") == 3
         assert _value(samples, "tokenfront_router_answered_prompt_tokens_total") > 0
+
+
+@pytest.mark.slow
+def test_a_stream_s_first_token_ends_its_pending_prefill_while_it_decodes(fleet: Fleet, qwen3: Path) -> None:
+    """predicted_ttft learns of a stream's first token from the first event that carries output (the worker's
+    opening chunk comes before its prefill): from then on the request holds KV but queues no prefill."""
+    # A GPU on its modelled clock: 4,000 tokens of decode take over 30 s, so the stream is still going.
+    worker = fleet.start("serve", "--engine", "simulated", "--model", str(qwen3), "--sim-speedup", "1")
+    router = _router(fleet, qwen3, [worker], "--policy", "predicted_ttft", "--occupancy-linger", "0")
+    body = {
+        "messages": [{"role": "user", "content": "Tell a long story. " * 40}],
+        "max_tokens": 4000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.Client(base_url=router.url, timeout=60.0) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            events = 0
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events += 1
+                delta = httpx.Response(200, content=line[6:]).json()["choices"][0]["delta"]
+                if delta.get("content"):
+                    break
+            assert events >= 2  # the opening chunk, then output
+            (listed,) = http.get("/workers").json()["workers"]
+            load = listed["predicted_load"]
+            assert load["pending_prefill_tokens"] == 0.0 and load["tracked_requests"] == 1.0
+            assert load["predicted_queue_seconds"] > 0  # its prompt's KV: the occupancy
+        # The client left: the router ends the attempt, and nothing is tracked.
+        assert wait_until(
+            lambda: http.get("/workers").json()["workers"][0]["predicted_load"]["tracked_requests"] == 0.0
+        )

@@ -169,3 +169,34 @@ def test_a_multi_line_event_reaches_the_client_on_one_line() -> None:
     first, done = out.split(b"\n\n")[:2]
     assert json.loads(first.removeprefix(b"data: ")) == payload and b"\n" not in first
     assert done == b"data: [DONE]"
+
+
+@pytest.mark.parametrize(
+    ("payload", "carries"),
+    [
+        ({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, False),  # chat's opening
+        ({"choices": [{"index": 0, "text": "", "finish_reason": None}]}, False),  # completions' opening
+        ({"choices": []}, False),
+        ({"usage": {"prompt_tokens": 3}}, False),
+        ({"error": {"message": "no"}}, False),
+        ({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}, True),
+        ({"choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]}, True),
+        ({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0}]}}]}, True),
+        ({"choices": [{"index": 0, "text": "Hi"}]}, True),
+        ({"choices": [{"index": 1, "text": ""}, {"index": 0, "text": "", "finish_reason": "length"}]}, True),
+    ],
+)
+def test_a_stream_has_produced_once_an_event_carries_output(payload: dict[str, Any], carries: bool) -> None:
+    """The router's first-token moment (a policy's `on_first_token`): not a worker's opening chunk, which
+    tokenfront's worker sends before its prefill."""
+    opening = {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}
+    wire = b"".join(b"data: " + json.dumps(p).encode() + b"\n\n" for p in (opening, payload))
+    stream = RelayedStream(EventReader(_Body(wire + b"data: [DONE]\n\n"), UNBOUNDED))
+
+    async def produced_after_each() -> list[bool]:
+        seen = []
+        while await stream.next_chunk() is not None:
+            seen.append(stream.produced)
+        return seen
+
+    assert asyncio.run(produced_after_each()) == [False, carries, carries]

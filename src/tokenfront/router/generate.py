@@ -384,6 +384,7 @@ class GenerateStream:
         self._completion_tokens = 0
         self._cached_tokens = 0
         self.usage: Any = None  # the worker's usage object, once an event carried one (the routing metrics)
+        self.produced = False  # an event carried generated tokens: the prompt's prefill is done
 
     async def next_chunk(self) -> bytes | None:
         """The next bytes for the client, or None after `[DONE]`."""
@@ -420,6 +421,7 @@ class GenerateStream:
         for choice in payload.get("choices") or ():
             index, delta, sampled, count = self.reading.step(choice)
             self._completion_tokens += count
+            self.produced = self.produced or count > 0 or delta.finish_reason is not None
             chunk = formatter.chunk(index, delta, sampled)
             if chunk is not None:
                 parts.append(sse_event(chunk))

@@ -768,11 +768,15 @@ class _RelayResponse(StreamingResponse):
 
     async def _chunks(self, first: bytes | None) -> AsyncIterator[bytes]:
         ok = False
+        source, prefilled = self.source, False
         try:
             chunk = first
             while chunk is not None:
+                if not prefilled and source.produced:  # the first output: the prompt's prefill is done
+                    prefilled = True
+                    self.proxy.policy.on_first_token(self.load, self.plan.target)
                 yield chunk
-                chunk = await self.source.next_chunk()
+                chunk = await source.next_chunk()
             ok = True
             self.proxy.routing_metrics.answered(self.decision.routing, self.plan.target, self.source.usage)
         except WorkerTransportError as exc:
@@ -799,9 +803,11 @@ class _RelayResponse(StreamingResponse):
 
 class _ChunkSource(Protocol):
     """What a relayed stream reads: a worker's events as they arrive (`RelayedStream`), or a generate stream
-    derendered (`GenerateStream`); `usage` is the worker's usage object once an event carried one."""
+    derendered (`GenerateStream`); `usage` is the worker's usage object once an event carried one, `produced`
+    whether an event carried generated output yet."""
 
     usage: Any
+    produced: bool
 
     async def next_chunk(self) -> bytes | None: ...
 

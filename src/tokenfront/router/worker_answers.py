@@ -239,6 +239,7 @@ class RelayedStream:
     def __init__(self, events: EventReader) -> None:
         self.events = events
         self.usage: Any = None  # the worker's usage object, once an event carried one (the routing metrics)
+        self.produced = False  # an event carried generated output: the prompt's prefill is done
 
     async def next_chunk(self) -> bytes | None:
         """The next event for the client (in the reader's bounds)."""
@@ -252,10 +253,29 @@ class RelayedStream:
             return SSE_DONE
         if event.payload.get("usage"):
             self.usage = event.payload["usage"]
+        if not self.produced:
+            self.produced = carries_output(event.payload)
         data = event.data
         if b"\n" in data or b"\r" in data:  # several data lines, or a bare CR: one line for the client
             return sse_event(event.payload)
         return b"data: " + data + b"\n\n"
+
+
+def carries_output(payload: Any) -> bool:
+    """Whether an OpenAI stream event carries generated output (text, a delta beyond the role, logprobs or a
+    finish reason), not only the opening chunk a worker may send before its prefill (tokenfront's does)."""
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text") or choice.get("finish_reason") or choice.get("logprobs"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and any(value for key, value in delta.items() if key != "role"):
+            return True
+    return False
 
 
 def _data(event: bytes) -> bytes | None:

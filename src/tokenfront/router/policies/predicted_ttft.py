@@ -5,30 +5,37 @@ insight of Dynamo's KV router, whose cost adds prefill and decode blocks; the mo
 For each candidate, with its cached tokens of the prompt from ``prefix_match``:
 
     queue seconds   = (the worker's pending prefill tokens
-                       + occupancy_weight x the prompt tokens of its requests in flight) / prefill_tokens_per_second
+                       + occupancy_weight x its occupancy: the prompt tokens of its requests in flight
+                                            and of its lingering answered ones) / prefill_tokens_per_second
     prefill seconds = (prompt tokens - overlap_credit * credited cached tokens) / prefill_tokens_per_second
     decode seconds  = active_requests * decode_seconds_per_request
     cost            = queue seconds + prefill seconds + decode seconds
 
-Cached tokens are credited only when some worker holds at least ``affinity_threshold`` of the prompt (0.8):
-below it the match is a shared opening (an agent's system prompt and tools), not this conversation, and load
-decides where the new conversation goes. ``overlap_credit`` (1.75) weighs a cached token against the prefill it
+Every worker's cached tokens are credited when some worker holds at least ``affinity_threshold`` of the prompt
+(0.8). Below it the match is mostly a shared opening (an agent's system prompt and tools), and load decides
+where the conversation goes, except for what one worker alone holds past every other's match: that is this
+conversation's own (its early turns, before they reach the threshold), credited to that worker, so a young
+conversation is not moved for a small difference in load and recomputed elsewhere. ``overlap_credit`` (1.75) weighs a cached token against the prefill it
 saves: above 1 a conversation stays where its KV is a little longer than the prefill alone would say (moving it
 costs its next turns their cache too). The lowest cost wins; equal costs take turns (``FairChooser``). With
 ``temperature`` > 0 (seconds) the worker is drawn instead, with probabilities softmax(-cost / temperature):
 spreading near-equal choices the way Dynamo's router temperature does.
 
 Pending prefill and occupancy are tracked here, per worker, from what this router sent: ``on_routed`` adds the
-request's predicted uncached tokens (prompt - cached there) and its prompt tokens, ``on_complete`` (answered or
-failed) takes them out again. A request counts until it ends, not until its first token (Dynamo's moment): the
-router sees only the end of an answer that is not streamed.
+request's predicted uncached tokens (prompt - cached there) to the pending prefill and its prompt tokens to the
+occupancy; ``on_first_token`` (a stream's first event that carries output, Dynamo's moment) takes its uncached
+tokens out of the pending prefill, and ``on_complete`` (answered or failed) takes out what is left. An answer
+that is not streamed shows the router no first token: its prefill counts as pending until it ends.
 
 Why occupancy (Dynamo counts a worker's active decode blocks for the same reason): a GPU admits a prompt only
 while its running sequences' KV leaves room, so a worker running a few long conversations queues the next
 prompt for as long as they take to answer, however few tokens those conversations still had to prefill.
 An answered request's prompt stays in the occupancy for ``occupancy_linger_seconds`` (6) more: an agent's next
 turn comes back after its think time (the tool running), so a worker whose sessions are all between turns has
-nothing in flight but is not free; without the linger new sessions piled onto such workers.
+nothing in flight but is not free; without the linger new sessions piled onto such workers. The linger stands
+for a turn expected back, so it ends when that turn comes: a prompt that extends a lingering one (its last
+full block is in the new prompt's, looked for on the workers holding most of the prompt) is not counted as
+queued behind itself there, and once routed, wherever it goes, the old prompt's linger is over.
 
 The defaults were chosen on the offline fleet replay (agentic workload, 64 simulated workers, load 0.7, seed 0,
 2,539 requests, oracle hit rate 0.907: ``python -m benchmarks.fleet --offline --workers 64 --rate-scale
@@ -72,7 +79,7 @@ import math
 import threading
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
@@ -97,6 +104,8 @@ _TIE_EPSILON = 1e-12
 _url = attrgetter("url")
 _active_requests = attrgetter("active_requests")
 _ZEROS = itertools.repeat(0)
+# A next turn's previous prompt is looked for on at most this many of the workers holding most of it.
+_MAX_CONTINUED_HOLDERS = 4
 
 
 @dataclass(frozen=True)
@@ -133,14 +142,22 @@ class PredictedTtftConfig:
 
 
 @dataclass
-class _Pending:
-    """One worker's requests in flight from this router: their uncached tokens, in all and each."""
+class _InFlight:
+    """One request in flight from this router: its tokens still to prefill, its prompt's, and where its prompt
+    ends (its last full block's index and name), which a next turn extending it finds."""
 
-    tokens: int = 0
-    kv_tokens: int = 0  # the prompts' tokens: the KV the worker holds for them while they run
-    requests: dict[int, tuple[int, int]] = field(
-        default_factory=dict
-    )  # id(RouteRequest) -> (uncached, prompt)
+    uncached: int
+    prompt: int
+    end: tuple[int, int] | None
+
+
+@dataclass
+class _Linger:
+    """An answered prompt still counted in its worker's occupancy, until ``until`` or its next turn."""
+
+    url: str
+    tokens: int
+    end: tuple[int, int] | None
 
 
 @dataclass(frozen=True)
@@ -177,17 +194,23 @@ class PredictedTtftPolicy(Policy):
         self._chooser = FairChooser()
         self._rng = np.random.default_rng(self.config.seed)
         self._lock = threading.Lock()  # the pending tokens and the draw: select and the hooks may race
-        self._pending: dict[str, _Pending] = {}
-        # The sums of ``_pending`` by url, kept beside it so a decision reads 1,000 workers' in C.
+        # Per worker url, its requests in flight from this router, by id(RouteRequest). Their sums by url are
+        # kept beside them, and only there, so a decision reads 1,000 workers' in C: the tokens still to
+        # prefill, and the prompts' tokens in flight or lingering (the occupancy).
+        self._in_flight: dict[str, dict[int, _InFlight]] = {}
         self._tokens_of: dict[str, int] = {}
-        self._kv_tokens_of: dict[str, int] = {}  # in flight, and lingering after completion
-        # Answered requests whose prompts still count in their worker's occupancy, oldest first:
-        # (until, url, prompt tokens). One queue for every worker: expiring is amortized O(1) per request.
-        self._lingering: deque[tuple[float, str, int]] = deque()
+        self._kv_tokens_of: dict[str, int] = {}
+        # Answered prompts lingering in their worker's occupancy: by serial number, expiring oldest first from
+        # one queue for every worker (amortized O(1) a request); per url, the serials by where the prompt ends.
+        self._lingers: dict[int, _Linger] = {}
+        self._expiry: deque[tuple[float, int]] = deque()  # (until, serial)
+        self._lingering_ends: dict[str, dict[tuple[int, int], int]] = {}
         self._lingering_of: dict[str, int] = {}
-        # The last select's match and its chosen worker's uncached tokens: on_routed reuses them.
+        self._serials = itertools.count()
+        # The last select's match, its chosen worker's uncached tokens and the lingering turns it continues:
+        # on_routed reuses them.
         self._match: PrefixMatch | None = None
-        self._chosen: tuple[RouteRequest, str, int] | None = None
+        self._chosen: tuple[RouteRequest, str, int, list[int]] | None = None
         self._last: _Decision | None = None
 
     @classmethod
@@ -208,12 +231,14 @@ class PredictedTtftPolicy(Policy):
         prompt_tokens = match.prompt_tokens
         active = np.fromiter(map(_active_requests, candidates), np.float64, len(candidates))
         with self._lock:
-            if self._lingering:
-                self._expire_lingering(self.kv_index.now())
+            if self._expiry:
+                self._expire(self.kv_index.now())
             pending, occupied = self._pending_tokens(match.urls)
+            continued = self._continued(match, occupied)
             queue = (pending + config.occupancy_weight * occupied) / rate
             affinity = match.has_affinity(config.affinity_threshold)
-            credited = match.cached_tokens if affinity else np.zeros(len(candidates))
+            # Below the threshold only what one worker alone holds is this conversation's own: that is credited.
+            credited = match.cached_tokens if affinity else match.private_tokens()
             prefill = (prompt_tokens - config.overlap_credit * credited) / rate
             costs = queue + prefill + config.decode_seconds_per_request * active
             if config.temperature > 0:
@@ -228,7 +253,7 @@ class PredictedTtftPolicy(Policy):
                 position = tied_positions[next(i for i, worker in enumerate(tied) if worker is chosen)]
             cached = int(match.cached_tokens[position])
             self._match = match
-            self._chosen = (request, chosen.url, max(prompt_tokens - cached, 0))
+            self._chosen = (request, chosen.url, max(prompt_tokens - cached, 0), continued)
             self._last = _Decision(
                 chosen=chosen.url,
                 tied=[worker.url for worker in tied],
@@ -242,73 +267,72 @@ class PredictedTtftPolicy(Policy):
         return Routing(chosen, cached)
 
     def on_routed(self, worker: WorkerLoad, request: RouteRequest) -> None:
-        """Queue the request's uncached tokens on the worker, and credit it with the request's blocks."""
+        """Queue the request's uncached tokens on the worker, credit it with the request's blocks, and end the
+        linger of the turn it continues."""
         with self._lock:
             chosen, match = self._chosen, self._match
+        continued: list[int] = []
         if chosen is not None and chosen[0] is request and chosen[1] == worker.url:
-            uncached = chosen[2]
+            uncached, continued = chosen[2], chosen[3]
         else:  # routed without this select (or another came between): match this worker alone
             match = match_prefix(self.kv_index, [worker], request, self.default_tokens_per_block)
             uncached = max(match.prompt_tokens - int(match.cached_tokens[0]), 0)
-        record_routed(self.kv_index, match, worker, request, self.default_tokens_per_block)
-        with self._lock:
-            pending = self._pending.get(worker.url)
-            if pending is None:
-                pending = self._pending[worker.url] = _Pending()
-            _take_out(pending, id(request))  # the same request routed here again counts once
-            prompt_tokens = len(request.token_ids or ())
-            pending.requests[id(request)] = (uncached, prompt_tokens)
-            pending.tokens += uncached
-            pending.kv_tokens += prompt_tokens
-            if len(pending.requests) > self.config.max_in_flight_per_worker:  # a completion was lost
-                _take_out(pending, next(iter(pending.requests)))
-            self._account(worker.url, pending)
-
-    def on_complete(self, worker: WorkerLoad, request: RouteRequest, ok: bool) -> None:
-        """The request needs no more prefill: take its tokens out; forget a worker with nothing in flight."""
+        names = record_routed(self.kv_index, match, worker, request, self.default_tokens_per_block)
+        end = (len(names) - 1, int(names[-1])) if names is not None and len(names) else None
         url = worker.url
         with self._lock:
-            pending = self._pending.get(url)
-            if pending is None:
-                return
-            tracked = _take_out(pending, id(request))
-            linger = self.config.occupancy_linger_seconds
-            if tracked is not None and linger > 0 and tracked[1]:
-                self._lingering.append((self.kv_index.now() + linger, url, tracked[1]))
-                self._lingering_of[url] = self._lingering_of.get(url, 0) + tracked[1]
-            if pending.requests or url in self._lingering_of:
-                self._account(url, pending)
-            else:
-                del self._pending[url], self._tokens_of[url], self._kv_tokens_of[url]
+            for serial in continued:  # its previous turn is back: no longer a prompt expected to return
+                self._end_linger(serial)
+            requests = self._in_flight.get(url)
+            if requests is None:
+                requests = self._in_flight[url] = {}
+                self._tokens_of[url] = 0
+                self._kv_tokens_of[url] = self._lingering_of.get(url, 0)
+            self._take_out(url, requests, id(request))  # the same request routed here again counts once
+            tracked = requests[id(request)] = _InFlight(uncached, len(request.token_ids or ()), end)
+            self._tokens_of[url] += tracked.uncached
+            self._kv_tokens_of[url] += tracked.prompt
+            if len(requests) > self.config.max_in_flight_per_worker:  # a completion was lost
+                self._take_out(url, requests, next(iter(requests)))
 
-    def _expire_lingering(self, now: float) -> None:
-        """Take out of the occupancy the answered prompts whose linger is over (the lock is held)."""
-        lingering, lingering_of = self._lingering, self._lingering_of
-        while lingering and lingering[0][0] <= now:
-            _, url, tokens = lingering.popleft()
-            left = lingering_of[url] - tokens
-            if left:
-                lingering_of[url] = left
-            else:
-                del lingering_of[url]
-            pending = self._pending.get(url)
-            if pending is None:
-                continue
-            if pending.requests or left:
-                self._account(url, pending)
-            else:
-                del self._pending[url], self._tokens_of[url], self._kv_tokens_of[url]
+    def on_first_token(self, worker: WorkerLoad, request: RouteRequest) -> None:
+        """The request's prefill is done: its uncached tokens leave the pending prefill (its prompt stays in
+        the occupancy until it ends)."""
+        url = worker.url
+        with self._lock:
+            tracked = self._in_flight.get(url, {}).get(id(request))
+            if tracked is not None:
+                self._tokens_of[url] -= tracked.uncached
+                tracked.uncached = 0
+
+    def on_complete(self, worker: WorkerLoad, request: RouteRequest, ok: bool) -> None:
+        """The request ended: its tokens come out, its prompt lingering in the occupancy for a while; a worker
+        with nothing in flight or lingering is forgotten."""
+        url = worker.url
+        with self._lock:
+            requests = self._in_flight.get(url)
+            if requests is None:
+                return
+            tracked = self._take_out(url, requests, id(request))
+            linger = self.config.occupancy_linger_seconds
+            if tracked is not None and linger > 0 and tracked.prompt:
+                serial = next(self._serials)
+                self._lingers[serial] = _Linger(url, tracked.prompt, tracked.end)
+                self._expiry.append((self.kv_index.now() + linger, serial))
+                self._lingering_of[url] = self._lingering_of.get(url, 0) + tracked.prompt
+                self._kv_tokens_of[url] += tracked.prompt
+                if tracked.end is not None:
+                    self._lingering_ends.setdefault(url, {})[tracked.end] = serial
+            if not requests and url not in self._lingering_of:
+                self._forget(url)
 
     def predicted_load(self, worker: WorkerLoad) -> dict[str, float]:
         """The worker's pending prefill tokens, its predicted queue (pending prefill and occupancy, in seconds)
         and its tracked requests."""
+        url = worker.url
         with self._lock:
-            pending = self._pending.get(worker.url)
-            tokens, kv_tokens, tracked = (
-                (pending.tokens, self._kv_tokens_of[worker.url], len(pending.requests))
-                if pending is not None
-                else (0, 0, 0)
-            )
+            tokens, kv_tokens = self._tokens_of.get(url, 0), self._kv_tokens_of.get(url, 0)
+            tracked = len(self._in_flight.get(url, ()))
         config = self.config
         return {
             "pending_prefill_tokens": float(tokens),
@@ -342,25 +366,73 @@ class PredictedTtftPolicy(Policy):
             ),
         }
 
+    # --- bookkeeping (the lock is held) --------------------------------------------------------------------
+
     def _pending_tokens(self, urls: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Each worker's pending prefill tokens and its prompts' tokens in flight (0 for an idle worker)."""
-        if not self._pending:
+        """Each worker's pending prefill tokens and its occupancy (0 for an idle worker)."""
+        if not self._in_flight:
             return np.zeros(len(urls)), np.zeros(len(urls))
         # map over dict.get with a default: the per-candidate loop stays in C.
         tokens = np.fromiter(map(self._tokens_of.get, urls, _ZEROS), np.float64, len(urls))
         kv_tokens = np.fromiter(map(self._kv_tokens_of.get, urls, _ZEROS), np.float64, len(urls))
         return tokens, kv_tokens
 
-    def _account(self, url: str, pending: _Pending) -> None:
-        """Copy ``pending``'s sums into the per-url lookups ``_pending_tokens`` reads."""
-        self._tokens_of[url] = pending.tokens
-        self._kv_tokens_of[url] = pending.kv_tokens + self._lingering_of.get(url, 0)
+    def _continued(self, match: PrefixMatch, occupied: np.ndarray) -> list[int]:
+        """The lingering prompts this request continues (an agent's next turn extends its last prompt), found
+        on the workers holding most of it: taken out of ``occupied`` there (a turn is not queued behind its
+        own previous turn), their serials returned."""
+        if not self._lingering_ends or not len(match.matched):
+            return []
+        best = int(match.matched.max())
+        holders = np.flatnonzero(match.matched == best) if best else ()
+        continued = []
+        for position in holders[:_MAX_CONTINUED_HOLDERS]:
+            ends = self._lingering_ends.get(match.urls[position])
+            if not ends:
+                continue
+            names = match.hashes.get(int(match.sizes[position]))
+            if names is None:
+                continue
+            for (block, name), serial in ends.items():
+                if block < best and int(names[block]) == name:
+                    occupied[position] -= self._lingers[serial].tokens
+                    continued.append(serial)
+        return continued
 
+    def _expire(self, now: float) -> None:
+        """End the lingers that are over."""
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now:
+            self._end_linger(expiry.popleft()[1])
 
-def _take_out(pending: _Pending, key: int) -> tuple[int, int] | None:
-    """Remove one tracked request and its tokens (nothing when it is not tracked): its (uncached, prompt)."""
-    tracked = pending.requests.pop(key, None)
-    if tracked is not None:
-        pending.tokens -= tracked[0]
-        pending.kv_tokens -= tracked[1]
-    return tracked
+    def _end_linger(self, serial: int) -> None:
+        """Take one lingering prompt out of its worker's occupancy (nothing when it ended already)."""
+        linger = self._lingers.pop(serial, None)
+        if linger is None:
+            return
+        url = linger.url
+        left = self._lingering_of[url] - linger.tokens
+        if left:
+            self._lingering_of[url] = left
+        else:
+            del self._lingering_of[url]
+        ends = self._lingering_ends.get(url)
+        if ends is not None and linger.end is not None and ends.get(linger.end) == serial:
+            del ends[linger.end]
+            if not ends:
+                del self._lingering_ends[url]
+        self._kv_tokens_of[url] -= linger.tokens
+        if not left and not self._in_flight[url]:
+            self._forget(url)
+
+    def _take_out(self, url: str, requests: dict[int, _InFlight], key: int) -> _InFlight | None:
+        """Remove one tracked request of the worker and its tokens (nothing when it is not tracked)."""
+        tracked = requests.pop(key, None)
+        if tracked is not None:
+            self._tokens_of[url] -= tracked.uncached
+            self._kv_tokens_of[url] -= tracked.prompt
+        return tracked
+
+    def _forget(self, url: str) -> None:
+        """The worker has nothing in flight or lingering: drop its entries (the state stays bounded)."""
+        del self._in_flight[url], self._tokens_of[url], self._kv_tokens_of[url]

@@ -54,6 +54,19 @@ class PrefixMatch:
         best_share = self.best_share
         return best_share >= threshold and best_share > 0
 
+    def private_tokens(self) -> np.ndarray:
+        """Per candidate, the cached tokens of the prompt no other candidate holds: the longest match's lead
+        over the second longest, for the one candidate holding it; 0 for every other (and for a tie)."""
+        cached = self.cached_tokens
+        private = np.zeros(len(cached), np.int64)
+        if len(cached) == 1:
+            private[:] = cached
+        elif len(cached) > 1:
+            second, best = np.partition(cached, -2)[-2:].tolist()
+            if best > second:
+                private[int(cached.argmax())] = best - second
+        return private
+
     def hashes_for(self, request: RouteRequest, size: int) -> np.ndarray:
         """The block names of ``request`` in blocks of ``size``: the kept ones when it is this match's request."""
         kept = self.hashes.get(size) if request is self.request else None
@@ -106,14 +119,16 @@ def match_prefix(
 
 def record_routed(
     kv_index: KvIndex, match: PrefixMatch | None, worker: WorkerLoad, request: RouteRequest, default: int
-) -> None:
+) -> np.ndarray | None:
     """Credit ``worker`` with ``request``'s blocks until its own events say otherwise (``match``: the last
-    select's, whose hashes are reused when it was this request's)."""
+    select's, whose hashes are reused when it was this request's); the block names recorded (None without
+    ids)."""
     if request.token_ids is None:
-        return
+        return None
     size = tokens_per_block(kv_index, worker, default)
     hashes = match.hashes_for(request, size) if match is not None else block_names(request, size)
     kv_index.record_routed_hashes(worker.url, hashes)
+    return hashes
 
 
 def block_names(request: RouteRequest, size: int) -> np.ndarray:
