@@ -9,7 +9,8 @@ replay minutes of traffic in minutes of one core.
 
 Each request, at its `at` on the virtual clock: the policy's `route` (its `select`) over every worker (each a `WorkerLoad`
 with its requests in flight, as the router's proxy counts them: from sending to the answer's end), then
-`on_routed`, then the chosen engine's `submit`; its stream is read to the end, then `on_complete`. The index
+`on_routed`, then the chosen engine's `submit`; its stream is read to the end, with `on_first_token` at its
+first output and `on_complete` at its end. The index
 is fed as the router feeds it: every `kv_events_interval` modelled seconds (0.5 s, `tokenfront route`'s
 default `--kv-events-interval`), each engine's new events (`SimulatedEngine.kv_events`, the answer of
 `GET /kv_cache_events`) are applied with `KvIndex.apply_tokenfront_events`, so the policy sees what a router

@@ -164,8 +164,9 @@ def test_a_stream_s_first_token_ends_its_pending_prefill_while_it_decodes(fleet:
     with httpx.Client(base_url=router.url, timeout=60.0) as http:
         with http.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
-            events = 0
-            for line in response.iter_lines():
+            # The iterator is kept: a dropped one is closed, and with it the connection (the client left).
+            lines, events = response.iter_lines(), 0
+            for line in lines:
                 if not line.startswith("data: "):
                     continue
                 events += 1

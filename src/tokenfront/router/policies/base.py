@@ -1,9 +1,10 @@
 """The shared interface of routing policies: what a policy sees of the workers and of a request, and answers.
 
 A policy picks one worker for a request (``select``; ``route`` also says how much of the prompt it predicts the
-worker has cached) and may learn from the outcome (``on_routed`` once the request is sent, ``on_first_token`` when
-a stream's first event came, ``on_complete`` when it finished); ``predicted_load`` says what it thinks a worker has to do. Everything else — health, membership, counting active
-requests, forwarding — belongs to the router around it, so a policy is a small, testable piece of logic.
+worker has cached) and may learn from the outcome (``on_routed`` once the request is sent, ``on_first_token``
+when a stream's first event carrying output came, ``on_complete`` when it finished); ``predicted_load`` says
+what it thinks a worker has to do. Everything else — health, membership, counting active requests, forwarding —
+belongs to the router around it, so a policy is a small, testable piece of logic.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ class Policy(abc.ABC):
         """``request`` was sent to ``worker``."""
 
     def on_first_token(self, worker: WorkerLoad, request: RouteRequest) -> None:  # noqa: B027
-        """``worker`` sent ``request``'s first token (a stream's first event; for an answer that is not
-        streamed the router sees none, and ``on_complete`` alone comes)."""
+        """``worker`` sent ``request``'s first token (a stream's first event that carries output; for an
+        answer that is not streamed the router sees none, and ``on_complete`` alone comes)."""
 
     def on_complete(self, worker: WorkerLoad, request: RouteRequest, ok: bool) -> None:  # noqa: B027
         """``request`` finished on ``worker`` (``ok`` False: it failed)."""
