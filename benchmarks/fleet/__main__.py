@@ -63,6 +63,7 @@ from benchmarks.fleet.scenario import WORKLOADS, WorkloadSpec
 from benchmarks.servers import Server, launch, launch_tokenfront, stop_all, wait_for_urls, wait_healthy
 from tokenfront import fixtures
 from tokenfront.router.policies import POLICIES, PredictedTtftConfig
+from tokenfront.router.workers import PoolSettings
 
 # predicted_ttft's settings a tuning run may change: the router's flag and PredictedTtftConfig's field.
 _PREDICTED_TTFT_FLAGS = {
@@ -75,8 +76,6 @@ _PREDICTED_TTFT_FLAGS = {
 # Of those, the durations: modelled seconds, which the live router (on wall time) gets as the slowed clock's.
 _PREDICTED_TTFT_DURATIONS = frozenset({"occupancy_linger_seconds"})
 DEFAULT_POLICIES = "kv_cache_aware,predicted_ttft,round_robin,load_balancing"
-# The live router's health checks, in modelled seconds apart: `tokenfront route`'s default --health-interval.
-_HEALTH_INTERVAL = 2.0
 # The live fleet's clock: a tenth of real time. 256 workers at load 0.7 over 60 s are ~165 requests a modelled
 # second, ~16 a wall second at 0.1, what this 2-core machine's one fleet process, router and client carry; at
 # 0.25 a 256-worker run failed (docs/routing.md has the lateness measured; 0.1 itself was not measured at 256).
@@ -317,7 +316,7 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
             # The router's periods are wall seconds: its event reads and health checks come as often in modelled
             # time as a router's on real GPUs (every 0.5 and 2 modelled seconds), not 1 / speedup times as often.
             route += ["--kv-events-interval", str(args.kv_events_interval / args.sim_speedup)]
-            route += ["--health-interval", str(_HEALTH_INTERVAL / args.sim_speedup)]
+            route += ["--health-interval", str(PoolSettings.health_interval / args.sim_speedup)]
             # A request may wait long for its first token at a slowed clock (its stream's head comes first):
             # the router must not give up before the client does.
             route += ["--first-byte-timeout", str(args.request_timeout)]

@@ -159,7 +159,8 @@ class _InFlight:
 
 @dataclass
 class _Linger:
-    """An answered prompt still counted in its worker's occupancy, until ``until`` or its next turn."""
+    """An answered prompt still counted in its worker's occupancy, until its linger is over or its next turn
+    comes (its expiry is queued in ``_expiry``)."""
 
     url: str
     tokens: int
