@@ -1,6 +1,8 @@
 """Render speed: tokenfront's pipeline against the in-process Hugging Face reference path, in one run.
 
-Workloads (docs/contract.md §10): short chats, chats with tools, growing multi-turn conversations, cold long prompts.
+Workloads (docs/contract.md §10): short chats, chats with tools, growing multi-turn conversations, cold long
+prompts; and the four the comparison with vLLM's Rust renderer started from: one-line chats, a question with two
+tools, an agent's growing session, cold mid-length prompts.
 Every request is distinct (a counter is woven into the text), so no cache sees an exact repeat. Both paths
 render the same requests in alternating rounds; the report gives requests/s and the ratio.
 
@@ -163,12 +165,52 @@ def long_prompts(n: int, rng: random.Random) -> list[dict[str, Any]]:
     return out
 
 
+# The four workloads the comparison with vLLM's Rust renderer (`vllm-rs render`) was first measured on: a
+# one-line chat (~31 tokens with Qwen3's template), a question with two tools (~263), an agent's growing
+# session (~2.8k on average) and a cold mid-length prompt of never-seen words (~4.5k).
+
+
+def one_line_chats(n: int, rng: random.Random) -> list[dict[str, Any]]:
+    return [{"messages": [{"role": "user", "content": _text(rng, 6, i)}]} for i in range(n)]
+
+
+def tool_questions(n: int, rng: random.Random) -> list[dict[str, Any]]:
+    return [{"tools": TOOLS, "messages": [{"role": "user", "content": _text(rng, 8, i)}]} for i in range(n)]
+
+
+def agent_sessions(n: int, rng: random.Random) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    session = 0
+    while len(out) < n:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": _text(rng, 60, session)}]
+        for turn in range(12):
+            messages.append({"role": "user", "content": _text(rng, 40, session * 100 + turn)})
+            out.append({"messages": list(messages)})
+            messages.append({"role": "assistant", "content": _text(rng, 70, turn)})
+        session += 1
+    return out[:n]
+
+
+def cold_mid_prompts(n: int, rng: random.Random) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        vocabulary = [word + rng.choice("bcdfgklmnprstvz") * 2 for word in _vocabulary(rng, 1500)]
+        out.append({"messages": [{"role": "user", "content": _text(rng, 900, i, vocabulary)}]})
+    return out
+
+
 WORKLOADS: dict[str, Callable[[int, random.Random], list[dict[str, Any]]]] = {
     "short_chats": short_chats,
     "tool_chats": tool_chats,
     "multi_turn": growing_conversations,
     "long_prompts": long_prompts,
+    "one_line": one_line_chats,
+    "tool_question": tool_questions,
+    "agent_session": agent_sessions,
+    "cold_mid": cold_mid_prompts,
 }
+# Workloads whose requests are a conversation's turns, first to last (sent in order, each after the last answer).
+CONVERSATIONS = frozenset({"multi_turn", "agent_session"})
 
 
 def reference_renderer(pipeline: RenderPipeline) -> Callable[[dict[str, Any]], list[int]]:
@@ -231,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     results = {}
     for name, make in WORKLOADS.items():
-        count = args.requests if name != "long_prompts" else max(10, args.requests // 10)
+        count = args.requests if name not in ("long_prompts", "cold_mid") else max(10, args.requests // 10)
         times: dict[str, list[float]] = {path: [] for path in paths}
         for round_ in range(args.rounds):
             requests = make(count, random.Random(round_ * 7919 + len(name)))

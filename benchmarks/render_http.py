@@ -1,70 +1,89 @@
-"""Render over HTTP: tokenfront's render server against vLLM's CPU render server, side by side, in one run.
+"""Render over HTTP: tokenfront's render server against vLLM's render servers, side by side, in one run.
 
-Both servers run on the same checkpoint, on loopback: `tokenfront render --model CKPT` (this interpreter,
-`python -m tokenfront.cli`) and, with `--vllm VENV`, `VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 VENV/bin/vllm
-launch render CKPT` (a venv holding vllm==0.33.0; without it only tokenfront is measured). Each answers
+All servers run on the same checkpoint, on loopback: `tokenfront render --model CKPT` (this interpreter,
+`python -m tokenfront.cli`); with `--vllm VENV`, vLLM's Python render server (`VLLM_TARGET_DEVICE=cpu
+HF_HUB_OFFLINE=1 VENV/bin/vllm launch render CKPT`, a venv holding vllm==0.33.0); with `--vllm-rs BINARY|VENV`,
+vLLM's Rust renderer (`vllm-rs render CKPT`, the binary in that wheel's `site-packages/vllm/`). Each answers
 POST /v1/chat/completions/render with an object holding `token_ids`.
 
 Workloads are the generators of `benchmarks.render` (short chats, chats with tools, growing multi-turn
-conversations, cold long prompts), regenerated with a new seed for every tokenfront configuration and round:
-both servers get the same list, each server sees each body exactly once, and the warm-up requests come from
-another seed, so no server is ever timed on a body it has seen (the run checks that no body repeats). A
+conversations, cold long prompts; and one-line chats, a question with two tools, an agent's growing session,
+cold mid-length prompts), regenerated with a new seed for every tokenfront configuration and round: every
+server gets the same list, each server sees each body exactly once, and the warm-up requests come from another
+seed, so no server is ever timed on a body it has seen (the run checks that no body repeats). A
 conversation's turns are sent in order, the next one only after the previous answer; conversations are
 interleaved over the connections.
 
 The client is cheap on purpose (on a 2-core machine it would otherwise decide the ratio): every request is
 built as complete HTTP/1.1 bytes before the clock starts, and `--concurrency` keep-alive connections (a raw
 asyncio.Protocol, uvloop when importable) run a closed loop, reading the status line, headers and body
-length without parsing JSON. Per server and workload it reports requests/s, p50/p99 latency, the server's
-CPU time per request (utime + stime of its process tree from /proc), the client's own CPU, and the CPU that
-every other process on the machine took meanwhile (a warning when the machine was not quiet). Each workload
-runs `--rounds` times per server, which server goes first alternating per workload and round; the best
-round is reported, all of them are in the JSON. Then: start-up (seconds to a 200 on /health) and RSS after
-the run, the ids of a sample of requests compared across both servers and the in-process transformers
-reference, and the floor: the bare tokenizer on the same rendered texts against tokenfront's in-process
-`render_chat`. Any non-200 answer, or any ids mismatch, makes the exit status non-zero.
+length without parsing JSON. Per server and workload it reports, first, the server's CPU time per request
+(utime + stime of its process tree from /proc: the fair figure on a shared machine), then requests/s, p50/p99
+latency, the client's own CPU per request, and the CPU every other process on the machine took meanwhile (a
+warning when the machine was not quiet); and tokenfront's CPU per request and req/s over each peer's.
+
+`--pinning unpinned,pinned` (the default) runs everything twice: unpinned, every process may use every core;
+pinned, each server runs on its own core (`taskset -c`; `--workers N`: N cores) and the client on the last one,
+so requests/s are per core, directly. On a 2-core machine `--workers 2` pinned shares the client's core: its
+req/s then say what the client left over, not what two cores give.
+
+Each workload runs `--rounds` times per server, which server goes first turning per workload and round; the
+best round is reported, all of them are in the JSON. Then: start-up (seconds to a 200 on /health), RSS once
+idle and after the run, the ids of a sample of requests compared across the servers and the in-process
+transformers reference (tokenfront, vLLM's Python renderer and the reference must agree; vLLM's Rust renderer
+is not an oracle, so its differences are listed, not errors), and the floor: the bare tokenizer on the same
+rendered texts against tokenfront's in-process `render_chat`. Any non-200 answer from tokenfront or vLLM's
+Python renderer, or any ids mismatch among them, makes the exit status non-zero.
 
     python -m benchmarks.render_http [--checkpoint qwen3] [--vllm ~/.cache/tokenfront-peers/vllm]
-                                     [--concurrency 8] [--requests N] [--rounds 3] [--workers 1,2]
-                                     [--tokenfront-arg=--server=granian ...] [--vllm-arg=ARG ...] [--json]
+                                     [--vllm-rs ~/.cache/tokenfront-peers/vllm] [--pinning unpinned,pinned]
+                                     [--workloads one_line,...] [--concurrency 8] [--requests N | --scale F]
+                                     [--rounds 3] [--workers 1,2] [--tokenfront-arg=--server=granian ...]
+                                     [--vllm-arg=ARG ...] [--vllm-rs-arg=ARG ...] [--floor-rounds 5] [--json]
 
 `--workers 1,2` runs tokenfront once per value (adding `--workers N` to its command line when N > 1), each
-against vLLM again on fresh requests. Both servers get `--tool-call-parser hermes` (`--tool-call-parser`;
-vLLM refuses `tools` without one) and log no line per request (tokenfront's default; vLLM gets
-`--disable-uvicorn-access-log` unless `--vllm-access-log`); `--tokenfront-arg=...` and `--vllm-arg=...` pass
-anything else.
+against the peers again on fresh requests. Every server gets `--tool-call-parser hermes` (`--tool-call-parser`;
+vLLM's Python server refuses `tools` without one, and also gets `--enable-auto-tool-choice`) and logs no line
+per request (tokenfront's default; vLLM gets `--disable-uvicorn-access-log` unless `--vllm-access-log`);
+`--tokenfront-arg=...`, `--vllm-arg=...` and `--vllm-rs-arg=...` pass anything else.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import hashlib
 import inspect
 import json
 import math
+import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.render import WORKLOADS, reference_renderer
+from benchmarks.render import CONVERSATIONS, WORKLOADS, reference_renderer
 from benchmarks.servers import (
     HOST,
     Server,
     launch_tokenfront,
     launch_vllm_render,
+    launch_vllm_rs,
     machine_cpu_seconds,
+    machine_interrupt_seconds,
     stop_all,
+    vllm_rs_binary,
     wait_healthy,
     wait_quiet,
 )
@@ -73,9 +92,27 @@ from tokenfront.protocol import ChatCompletionRequest
 
 ROUTE = "/v1/chat/completions/render"
 # Requests per workload by default: about half a minute of vLLM time in all at concurrency 8 on 2 cores.
-DEFAULT_REQUESTS = {"short_chats": 4000, "tool_chats": 2000, "multi_turn": 2000, "long_prompts": 400}
+DEFAULT_REQUESTS = {
+    "short_chats": 4000,
+    "tool_chats": 2000,
+    "multi_turn": 2000,
+    "long_prompts": 400,
+    "one_line": 6000,
+    "tool_question": 4000,
+    "agent_session": 2000,
+    "cold_mid": 1000,
+}
 # The floor's requests per workload at most (plain `tokenizers` takes ~25 ms on a long prompt, per round).
-FLOOR_REQUESTS = {"short_chats": 2000, "tool_chats": 1000, "multi_turn": 1000, "long_prompts": 200}
+FLOOR_REQUESTS = {
+    "short_chats": 2000,
+    "tool_chats": 1000,
+    "multi_turn": 1000,
+    "long_prompts": 200,
+    "one_line": 2000,
+    "tool_question": 1000,
+    "agent_session": 1000,
+    "cold_mid": 400,
+}
 _KEEP = 512  # bytes of each answer's body kept: enough for `token_ids` to show up, and for error messages
 _TOKEN_IDS = b'"token_ids"'
 
@@ -86,8 +123,8 @@ Body = dict[str, Any]
 
 
 def _sequences(name: str, bodies: list[Body]) -> list[list[Body]]:
-    """Requests that must go in order: a conversation's turns for `multi_turn`, else each request alone."""
-    if name != "multi_turn":
+    """Requests that must go in order: a conversation's turns for `CONVERSATIONS`, else each request alone."""
+    if name not in CONVERSATIONS:
         return [[body] for body in bodies]
     conversations: dict[str, list[Body]] = {}
     for body in bodies:  # the generator emits one conversation's turns in order, all opening alike
@@ -340,6 +377,7 @@ def _measure(
         cpu[f"{label}_server"] = server.cpu_seconds()
         cpu[f"{label}_others"] = sum(other.cpu_seconds() for other in others)
         cpu[f"{label}_machine"] = machine_cpu_seconds()
+        cpu[f"{label}_interrupts"], cpu[f"{label}_steal"] = machine_interrupt_seconds()
 
     run = run_client(
         server.port, timed, concurrency, on_start=lambda: snapshot("before"), on_end=lambda: snapshot("after")
@@ -355,7 +393,17 @@ def _measure(
     ordered = sorted(run.latencies)
     server_cpu = cpu["after_server"] - cpu["before_server"]
     others_cpu = cpu["after_others"] - cpu["before_others"]
-    foreign_cpu = cpu["after_machine"] - cpu["before_machine"] - server_cpu - others_cpu - run.client_cpu
+    interrupts = cpu["after_interrupts"] - cpu["before_interrupts"]
+    steal = cpu["after_steal"] - cpu["before_steal"]
+    foreign_cpu = (
+        cpu["after_machine"]
+        - cpu["before_machine"]
+        - server_cpu
+        - others_cpu
+        - run.client_cpu
+        - interrupts
+        - steal
+    )
     return {
         "requests": count,
         "warm_up_requests": len(warm.latencies),
@@ -374,6 +422,10 @@ def _measure(
         "idle_others_cpu_ms": others_cpu * 1000,
         # Everything else on the machine meanwhile, in cores: should be about zero, or the numbers are off.
         "foreign_cpu_share": max(0.0, foreign_cpu) / run.wall,
+        # Interrupts (on loopback, mostly the network's work for both ends, charged to no process) and time
+        # the hypervisor stole, in cores.
+        "interrupt_cpu_share": interrupts / run.wall,
+        "steal_share": steal / run.wall,
         "waited_for_quiet_s": waited,  # None: the machine never went quiet within --quiet-wait
     }
 
@@ -399,11 +451,14 @@ def _first_difference(a: list[int], b: list[int]) -> str:
 def _check_ids(
     servers: dict[str, Server], reference: Callable[[Body], list[int]], samples: dict[str, list[Body]]
 ) -> dict[str, Any]:
-    """POST each sample body to every server, and compare the ids with each other and with the reference."""
+    """POST each sample body to every server, and compare the ids with each other and with the reference:
+    ``mismatches`` between tokenfront, vLLM's Python renderer and the reference (they must agree),
+    ``differences`` of a pair with vLLM's Rust renderer in it (reported, not an error)."""
     names = [*servers, "reference"]
     pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
     equal = dict.fromkeys((f"{a}={b}" for a, b in pairs), 0)
     mismatches: list[str] = []
+    differences: list[str] = []
     compared = 0
     with httpx.Client(timeout=120.0) as client:
         for workload, bodies in samples.items():
@@ -412,18 +467,28 @@ def _check_ids(
                 for name, server in servers.items():
                     response = client.post(f"{server.url}{ROUTE}", json=body)
                     if response.status_code != 200:
-                        raise RuntimeError(f"{name} answered {response.status_code}: {response.text[:300]}")
+                        if name in _MUST_AGREE:
+                            raise RuntimeError(
+                                f"{name} answered {response.status_code}: {response.text[:300]}"
+                            )
+                        differences.append(
+                            f"{workload} sample {index}: {name} answered {response.status_code}"
+                        )
+                        continue
                     ids[name] = response.json()["token_ids"]
                 ids["reference"] = reference(body)
                 compared += 1
                 for a, b in pairs:
+                    if a not in ids or b not in ids:
+                        continue
                     if ids[a] == ids[b]:
                         equal[f"{a}={b}"] += 1
                     else:
-                        mismatches.append(
+                        found = mismatches if {a, b} <= _MUST_AGREE else differences
+                        found.append(
                             f"{workload} sample {index}: {a} != {b} ({_first_difference(ids[a], ids[b])})"
                         )
-    return {"compared": compared, "equal": equal, "mismatches": mismatches}
+    return {"compared": compared, "equal": equal, "mismatches": mismatches, "differences": differences}
 
 
 # --- the floor ---------------------------------------------------------------------------------------------
@@ -595,7 +660,7 @@ def _tool_arguments(parser: str, *, vllm: bool) -> list[str]:
 def _counts(args: argparse.Namespace) -> dict[str, int]:
     if args.requests is not None:
         return dict.fromkeys(WORKLOADS, args.requests)
-    return dict(DEFAULT_REQUESTS)
+    return {workload: round(count * args.scale) or 1 for workload, count in DEFAULT_REQUESTS.items()}
 
 
 class _Bodies:
@@ -613,10 +678,119 @@ class _Bodies:
             raise RuntimeError("a request body repeats: the generators no longer make distinct requests")
 
 
+# Where each server runs: "unpinned" lets the system schedule everything on every core; "pinned" gives a
+# server its own cores (`taskset`: one for one process, N for `--workers N`) and the client the last core, so
+# requests per second are per core, directly.
+PINNINGS = ("unpinned", "pinned")
+# Pairs of servers whose ids must agree (any difference fails the run); vLLM's Rust renderer is compared too,
+# but it is not an oracle (it refuses or joins some contents differently): its differences are reported only.
+_MUST_AGREE = frozenset({"tokenfront", "vllm", "reference"})
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The cores of one run: the servers' (``None``: unpinned) and the client's."""
+
+    pinning: str
+    client_cpus: set[int] | None
+
+    @classmethod
+    def of(cls, pinning: str) -> _Layout:
+        if pinning == "unpinned":
+            return cls(pinning, None)
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            raise RuntimeError("pinned runs need two cores: one for the server, one for the client")
+        return cls(pinning, {cores[-1]})
+
+    def server_cpus(self, processes: int) -> str | None:
+        """The cores a server of ``processes`` processes runs on: the first ones (with more processes than
+        cores but the client's, the client's core too)."""
+        if self.client_cpus is None:
+            return None
+        cores = sorted(os.sched_getaffinity(0))
+        free = [core for core in cores if core not in self.client_cpus] or cores
+        chosen = free[:processes] if processes <= len(free) else cores[:processes]
+        return ",".join(map(str, chosen))
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[None]:
+        """This process (the client) on its cores while the block runs."""
+        if self.client_cpus is None:
+            yield
+            return
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, self.client_cpus)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, before)
+
+
+def _launch_peers(
+    args: argparse.Namespace, folder: str, log_dir: Path, layout: _Layout, started: list[Server]
+) -> dict[str, Server]:
+    """vLLM's Python render server (``--vllm``) and its Rust one (``--vllm-rs``), healthy and settled."""
+    peers: dict[str, Server] = {}
+    if args.vllm is not None:
+        venv = Path(args.vllm).expanduser()
+        # tokenfront logs no line per request by default; vLLM does unless told not to: both alike.
+        quiet_log = [] if args.vllm_access_log else ["--disable-uvicorn-access-log"]
+        vllm_args = [*_tool_arguments(args.tool_call_parser, vllm=True), *quiet_log, *args.vllm_arg]
+        peers["vllm"] = launch_vllm_render(
+            venv, folder, log_dir=log_dir, extra_args=vllm_args, cpus=layout.server_cpus(1)
+        )
+    if args.vllm_rs is not None:
+        binary = _vllm_rs(args.vllm_rs)
+        rs_args = [*_tool_arguments(args.tool_call_parser, vllm=False), *args.vllm_rs_arg]
+        peers["vllm-rs"] = launch_vllm_rs(
+            binary, folder, log_dir=log_dir, extra_args=rs_args, cpus=layout.server_cpus(1)
+        )
+    if "vllm" in peers:
+        peers["vllm"].command_extra = vllm_args
+        peers["vllm"].version = _vllm_version(Path(args.vllm).expanduser())
+    if "vllm-rs" in peers:
+        peers["vllm-rs"].command_extra = rs_args
+        peers["vllm-rs"].version = _vllm_rs_version(binary)
+    started.extend(peers.values())
+    for peer in peers.values():  # one at a time: a start-up is timed on a machine the others leave alone
+        wait_healthy([peer], timeout=args.start_timeout)
+        peer.wait_settled()
+        peer.idle_memory = peer.memory()
+    return peers
+
+
+def _vllm_rs(value: str) -> Path:
+    """``--vllm-rs``: the binary itself, or a venv holding vllm (its ``site-packages/vllm/vllm-rs``)."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path
+    binary = vllm_rs_binary(path)
+    if binary is None:
+        raise RuntimeError(f"--vllm-rs {value}: neither the vllm-rs binary nor a venv holding vllm")
+    return binary
+
+
+def _vllm_rs_version(binary: Path) -> str:
+    answer = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    return answer.stdout.strip() or "unknown"
+
+
+def _server_info(server: Server) -> dict[str, Any]:
+    return {
+        "version": server.version,
+        "command_extra": server.command_extra,
+        "healthy_after_s": server.healthy_after,
+        "settled_after_s": server.settled_after,
+        "idle_memory": server.idle_memory,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     name, folder_path = _checkpoint(args.checkpoint)
     folder = str(folder_path)
     counts = _counts(args)
+    workloads = args.workloads
     log_dir = Path(tempfile.mkdtemp(prefix="tokenfront-render-http-"))
     text_pipeline = RenderPipeline.load(RenderOptions(model=folder))
     reference = reference_renderer(text_pipeline)
@@ -629,96 +803,109 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "client": _client_backend(),
         "tokenizer_backend": text_pipeline.backend.name,
         "logs": str(log_dir),
-        "vllm": None,  # stays None without --vllm: "vLLM not measured"
         "runs": [],
     }
     started: list[Server] = []
     try:
-        vllm: Server | None = None
-        if args.vllm is not None:
-            venv = Path(args.vllm).expanduser()
-            # tokenfront logs no line per request by default; vLLM does unless told not to: both alike.
-            quiet_log = [] if args.vllm_access_log else ["--disable-uvicorn-access-log"]
-            vllm_args = [*_tool_arguments(args.tool_call_parser, vllm=True), *quiet_log, *args.vllm_arg]
-            vllm = launch_vllm_render(venv, folder, log_dir=log_dir, extra_args=vllm_args)
-            started.append(vllm)
-            wait_healthy([vllm], timeout=args.start_timeout)
-            vllm.wait_settled()
-            report["vllm"] = {
-                "version": _vllm_version(venv),
-                "command_extra": vllm_args,
-                "healthy_after_s": vllm.healthy_after,
-                "settled_after_s": vllm.settled_after,
-            }
-        for run_index, workers in enumerate(args.workers):
-            extra = [
-                *_tool_arguments(args.tool_call_parser, vllm=False),
-                *args.tokenfront_arg,
-                *(["--workers", str(workers)] if workers != 1 else []),
-            ]
-            tokenfront = launch_tokenfront(
-                ["render", "--model", folder, *extra], log_dir=log_dir, name=f"tokenfront-w{workers}"
-            )
-            started.append(tokenfront)
-            wait_healthy([tokenfront], timeout=args.start_timeout)
-            tokenfront.wait_settled()
-            servers = {"tokenfront": tokenfront, **({"vllm": vllm} if vllm else {})}
-            result: dict[str, Any] = {
-                "workers": workers,
-                "tokenfront_args": extra,
-                "tokenfront_healthy_after_s": tokenfront.healthy_after,
-                "tokenfront_settled_after_s": tokenfront.settled_after,
-                "workloads": {},
-            }
-            samples: dict[str, list[Body]] = {}
-            for workload_index, workload in enumerate(WORKLOADS):
-                result["workloads"][workload] = row = {}
-                tokens: list[int] = []
-                measured: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
-                for round_ in range(args.rounds):
-                    seed = f"{args.seed}/{run_index}/{workload}/{round_}"
-                    timed = _generate(workload, counts[workload], seed + "/timed")
-                    # Warm-up requests (another seed) before each server's first timed round only.
-                    warm_up = _generate(workload, args.warm_up, seed + "/warm-up") if round_ == 0 else []
-                    flat = [body for sequence in timed for body in sequence]
-                    payloads = [[_encode_body(body) for body in sequence] for sequence in timed]
-                    warm_payloads = [[_encode_body(body) for body in sequence] for sequence in warm_up]
-                    bodies_sent.add([p for sequence in payloads + warm_payloads for p in sequence])
-                    tokens += [
-                        len(text_pipeline.render_chat(ChatCompletionRequest.model_validate(body)).token_ids)
-                        for body in flat
-                    ]
-                    if round_ == 0:
-                        samples[workload] = _spread(flat, args.sample)
-                        row.update(requests=len(flat), sequences=len(timed), orders=[])
-                    order = list(servers)
-                    if (run_index + workload_index + round_) % 2:
-                        order.reverse()
-                    row["orders"].append(order)
-                    for server_name in order:
-                        server = servers[server_name]
-                        build = [[_http_request(p, server.port) for p in sequence] for sequence in payloads]
-                        warm = [
-                            [_http_request(p, server.port) for p in sequence] for sequence in warm_payloads
+        run_index = 0
+        for pinning in args.pinning:
+            layout = _Layout.of(pinning)
+            peers = _launch_peers(args, folder, log_dir, layout, started)
+            for workers in args.workers:
+                extra = [
+                    *_tool_arguments(args.tool_call_parser, vllm=False),
+                    *args.tokenfront_arg,
+                    *(["--workers", str(workers)] if workers != 1 else []),
+                ]
+                tokenfront = launch_tokenfront(
+                    ["render", "--model", folder, *extra],
+                    log_dir=log_dir,
+                    name=f"tokenfront-w{workers}-{pinning}",
+                    cpus=layout.server_cpus(workers),
+                )
+                started.append(tokenfront)
+                wait_healthy([tokenfront], timeout=args.start_timeout)
+                tokenfront.wait_settled()
+                tokenfront.idle_memory = tokenfront.memory()
+                tokenfront.command_extra, tokenfront.version = extra, "this tree"
+                servers = {"tokenfront": tokenfront, **peers}
+                result: dict[str, Any] = {
+                    "workers": workers,
+                    "pinning": pinning,
+                    "server_cpus": {
+                        server_name: layout.server_cpus(workers if server_name == "tokenfront" else 1)
+                        for server_name in servers
+                    },
+                    "client_cpus": sorted(layout.client_cpus) if layout.client_cpus else None,
+                    "servers": {server_name: _server_info(server) for server_name, server in servers.items()},
+                    "workloads": {},
+                }
+                samples: dict[str, list[Body]] = {}
+                for workload_index, workload in enumerate(workloads):
+                    row: dict[str, Any] = {}
+                    result["workloads"][workload] = row
+                    tokens: list[int] = []
+                    measured: dict[str, list[dict[str, Any]]] = {server_name: [] for server_name in servers}
+                    for round_ in range(args.rounds):
+                        seed = f"{args.seed}/{run_index}/{workload}/{round_}"
+                        timed = _generate(workload, counts[workload], seed + "/timed")
+                        # Warm-up requests (another seed) before each server's first timed round only.
+                        warm_up = _generate(workload, args.warm_up, seed + "/warm-up") if round_ == 0 else []
+                        flat = [body for sequence in timed for body in sequence]
+                        payloads = [[_encode_body(body) for body in sequence] for sequence in timed]
+                        warm_payloads = [[_encode_body(body) for body in sequence] for sequence in warm_up]
+                        bodies_sent.add([p for sequence in payloads + warm_payloads for p in sequence])
+                        tokens += [
+                            len(
+                                text_pipeline.render_chat(
+                                    ChatCompletionRequest.model_validate(body)
+                                ).token_ids
+                            )
+                            for body in flat
                         ]
-                        others = [s for s in servers.values() if s is not server]
-                        measured[server_name].append(
-                            _measure(server, others, build, warm, args.concurrency, args.quiet_wait)
-                        )
-                row.update(mean_prompt_tokens=statistics.fmean(tokens), max_prompt_tokens=max(tokens))
-                for server_name, rounds in measured.items():
-                    # The best round: the fewest interruptions from anything else on the machine.
-                    row[server_name] = {**max(rounds, key=lambda m: m["rps"]), "rounds": rounds}
-                if vllm is not None:
-                    row["ratio"] = row["tokenfront"]["rps"] / row["vllm"]["rps"]
-                    row["tokenfront_p99_below_vllm_p50"] = row["tokenfront"]["p99_ms"] < row["vllm"]["p50_ms"]
-            result["tokenfront_memory"] = tokenfront.memory()
-            if vllm is not None:
-                result["vllm_memory"] = vllm.memory()
-            result["ids"] = _check_ids(servers, reference, samples)
-            report["runs"].append(result)
-            tokenfront.stop()
-            started.remove(tokenfront)
+                        if round_ == 0:
+                            samples[workload] = _spread(flat, args.sample)
+                            row.update(requests=len(flat), sequences=len(timed), orders=[])
+                        # Which server goes first turns with the workload and the round.
+                        order = list(servers)
+                        shift = (run_index + workload_index + round_) % len(order)
+                        order = order[shift:] + order[:shift]
+                        row["orders"].append(order)
+                        for server_name in order:
+                            server = servers[server_name]
+                            build = [
+                                [_http_request(p, server.port) for p in sequence] for sequence in payloads
+                            ]
+                            warm = [
+                                [_http_request(p, server.port) for p in sequence]
+                                for sequence in warm_payloads
+                            ]
+                            others = [s for s in servers.values() if s is not server]
+                            with layout.client():
+                                measured[server_name].append(
+                                    _measure(server, others, build, warm, args.concurrency, args.quiet_wait)
+                                )
+                    row.update(mean_prompt_tokens=statistics.fmean(tokens), max_prompt_tokens=max(tokens))
+                    for server_name, rounds in measured.items():
+                        # The best round: the fewest interruptions from anything else on the machine.
+                        row[server_name] = {**max(rounds, key=lambda m: m["rps"]), "rounds": rounds}
+                    tf = row["tokenfront"]
+                    row["versus"] = {
+                        peer_name: {
+                            "cpu_ratio": tf["cpu_ms_per_request"] / row[peer_name]["cpu_ms_per_request"],
+                            "rps_ratio": tf["rps"] / row[peer_name]["rps"],
+                        }
+                        for peer_name in peers
+                    }
+                result["memory"] = {server_name: server.memory() for server_name, server in servers.items()}
+                result["ids"] = _check_ids(servers, reference, samples)
+                report["runs"].append(result)
+                tokenfront.stop()
+                started.remove(tokenfront)
+                run_index += 1
+            for peer in peers.values():
+                peer.stop()
+                started.remove(peer)
     finally:
         stop_all(started)
     report["distinct_bodies_sent"] = bodies_sent.total
@@ -731,9 +918,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             for body in sequence
         ]
-        for workload in WORKLOADS
+        for workload in workloads
     }
-    report["floor"] = measure_floor(folder, floor_bodies, text_pipeline, args.floor_rounds, args.quiet_wait)
+    report["floor"] = (
+        measure_floor(folder, floor_bodies, text_pipeline, args.floor_rounds, args.quiet_wait)
+        if args.floor_rounds
+        else None
+    )
     return report
 
 
@@ -745,87 +936,61 @@ def _mb(value: int) -> str:
 
 
 def _print_report(report: dict[str, Any]) -> None:
-    vllm = report["vllm"]
     print(
         f"checkpoint {report['checkpoint']}, tokenfront backend {report['tokenizer_backend']}, "
         f"{report['concurrency']} keep-alive connections, closed loop, client {report['client']}; "
         f"{report['distinct_bodies_sent']} distinct bodies sent, none twice to a server"
     )
-    if vllm is None:
-        print("vLLM not measured (no --vllm)")
     for run in report["runs"]:
-        arguments = " ".join(run["tokenfront_args"])
-        label = f"tokenfront render (workers {run['workers']}{', ' + arguments if arguments else ''})"
+        servers = list(run["servers"])
         print()
-        print(
-            label
-            + (
-                f" vs vLLM {vllm['version']} launch render ({' '.join(vllm['command_extra'])})"
-                if vllm
-                else ""
-            )
+        cores = ", ".join(
+            f"{name} on {'every core' if cpus is None else 'core(s) ' + cpus}"
+            for name, cpus in run["server_cpus"].items()
         )
-        header = (
-            f"{'workload':<13} {'reqs':>5} {'tokens':>7} | {'tf req/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
-            f"{'CPU ms':>7}"
-        )
-        if vllm:
-            header += (
-                f" | {'vLLM r/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'CPU ms':>7} | {'ratio':>6} tf p99<vLLM p50"
-            )
-        print(header)
-        for workload, row in run["workloads"].items():
-            tf = row["tokenfront"]
-            line = (
-                f"{workload:<13} {row['requests']:>5} {row['mean_prompt_tokens']:>7.0f} | {tf['rps']:>9.1f} "
-                f"{tf['p50_ms']:>7.2f} {tf['p99_ms']:>7.2f} {tf['cpu_ms_per_request']:>7.2f}"
-            )
-            if vllm:
-                vl = row["vllm"]
-                line += (
-                    f" | {vl['rps']:>9.1f} {vl['p50_ms']:>7.2f} {vl['p99_ms']:>7.2f} "
-                    f"{vl['cpu_ms_per_request']:>7.2f} | {row['ratio']:>5.2f}x "
-                    f"{'yes' if row['tokenfront_p99_below_vllm_p50'] else 'no'}"
-                )
-            print(line)
+        client = "every core" if run["client_cpus"] is None else f"core {run['client_cpus']}"
+        print(f"{run['pinning']}, tokenfront --workers {run['workers']}: {cores}; client on {client}")
+        for name, info in run["servers"].items():
+            extra = " ".join(info["command_extra"])
+            print(f"  {name}: {info['version']}{' (' + extra + ')' if extra else ''}")
         print(
-            "  tokens = mean prompt tokens; CPU ms = the server's process tree, per request; ratio = tokenfront "
-            "req/s / vLLM req/s"
-        )
-        servers = ["tokenfront", *(["vllm"] if vllm else [])]
-        print(
-            "where the CPU went in the reported round (cores busy on average; client ms = this benchmark's "
-            "CPU per request; others = every other process on the machine):"
-        )
-        print(
-            f"  {'workload':<13}"
-            + "".join(
-                f" | {name + ' server':>17} {'client':>6} {'client ms':>9} {'others':>6}" for name in servers
-            )
+            f"  {'workload':<14} {'tokens':>6} {'server':<11} {'CPU ms/req':>10} {'req/s':>8} {'p50 ms':>7} "
+            f"{'p99 ms':>7} {'client ms':>9} {'srv cores':>9} {'irq':>5} {'others':>6} {'tf CPU/its':>10} "
+            f"{'tf r/s/its':>10}"
         )
         foreign = 0.0
         for workload, row in run["workloads"].items():
-            cells = []
-            for name in servers:
+            for index, name in enumerate(servers):
                 cell = row[name]
                 foreign = max(foreign, cell["foreign_cpu_share"])
-                cells.append(
-                    f" | {cell['server_cpu_share']:>17.2f} {cell['client_cpu_share']:>6.2f} "
-                    f"{cell['client_cpu_ms_per_request']:>9.3f} {cell['foreign_cpu_share']:>6.2f}"
+                versus = row["versus"].get(name)
+                ratios = (
+                    f" {versus['cpu_ratio']:>9.2f}x {versus['rps_ratio']:>9.2f}x"
+                    if versus
+                    else f" {'':>10} {'':>10}"
                 )
-            print(f"  {workload:<13}" + "".join(cells))
+                label = f"{workload:<14} {row['mean_prompt_tokens']:>6.0f}" if index == 0 else f"{'':<21}"
+                print(
+                    f"  {label} {name:<11} {cell['cpu_ms_per_request']:>10.3f} {cell['rps']:>8.0f} {cell['p50_ms']:>7.2f} "
+                    f"{cell['p99_ms']:>7.2f} {cell['client_cpu_ms_per_request']:>9.3f} "
+                    f"{cell['server_cpu_share']:>9.2f} {cell['interrupt_cpu_share']:>5.2f} "
+                    f"{cell['foreign_cpu_share']:>6.2f}" + ratios
+                )
+        print(
+            "  CPU ms/req = the server's process tree (utime + stime from /proc) per request; client ms = this "
+            "benchmark's own CPU per request; srv cores / irq / others = cores the server, interrupts (on "
+            "loopback mostly the network's work) and every other process took on average; tf CPU/its, tf r/s/its = tokenfront's CPU per request and req/s over that server's "
+            "(CPU under 1x and req/s over 1x: tokenfront cheaper, faster)"
+        )
         print("  req/s of every round (the best one is reported above):")
         for workload, row in run["workloads"].items():
             print(
-                f"  {workload:<13}"
+                f"    {workload:<14}"
                 + "".join(
-                    f" | {name:<10} " + " ".join(f"{r['rps']:>7.1f}" for r in row[name]["rounds"])
+                    f" | {name:<10} " + " ".join(f"{r['rps']:>7.0f}" for r in row[name]["rounds"])
                     for name in servers
                 )
             )
-        if vllm:
-            idle = max(row[s]["idle_others_cpu_ms"] for row in run["workloads"].values() for s in servers)
-            print(f"  the idle server's CPU during the other's timed run: at most {idle:.0f} ms")
         never = sum(
             r["waited_for_quiet_s"] is None
             for row in run["workloads"].values()
@@ -834,30 +999,36 @@ def _print_report(report: dict[str, Any]) -> None:
         )
         if never:
             print(f"  {never} timed round(s) started on a machine that did not go quiet within --quiet-wait")
+        steal = max(row[name]["steal_share"] for row in run["workloads"].values() for name in servers)
+        if steal > 0.05:
+            print(
+                f"  WARNING: the hypervisor took up to {steal:.2f} cores from this machine during a timed run"
+            )
         if foreign > 0.1:
             print(
                 f"  WARNING: other processes took up to {foreign:.2f} cores during a timed run: numbers skewed"
             )
-        print("start-up (launch to a 200 on /health; settled = its CPU use fell idle after that) and memory:")
-        starts = [("vLLM", vllm, run.get("vllm_memory"))] if vllm else []
-        tokenfront_start = {
-            "healthy_after_s": run["tokenfront_healthy_after_s"],
-            "settled_after_s": run["tokenfront_settled_after_s"],
-        }
-        starts.append(("tokenfront", tokenfront_start, run["tokenfront_memory"]))
-        for label, start, memory in starts:
-            settled = start["settled_after_s"]
+        print(
+            "  start-up (launch to a 200 on /health; settled = its CPU use fell idle after that) and memory:"
+        )
+        for name, info in run["servers"].items():
+            settled, idle, after = info["settled_after_s"], info["idle_memory"], run["memory"][name]
             print(
-                f"  {label + ':':<11} healthy after {start['healthy_after_s']:.1f} s, settled after "
-                f"{'-' if settled is None else f'{settled:.1f}'} s; RSS {_mb(memory['rss_bytes'])} after the run "
-                f"(PSS {_mb(memory['pss_bytes'])}, {memory['processes']} process(es))"
+                f"    {name + ':':<11} healthy after {info['healthy_after_s']:.2f} s, settled after "
+                f"{'-' if settled is None else f'{settled:.1f}'} s; RSS idle {_mb(idle['rss_bytes'])} -> "
+                f"{_mb(after['rss_bytes'])} after the run (PSS {_mb(after['pss_bytes'])}, "
+                f"{after['processes']} process(es))"
             )
         ids = run["ids"]
         pairs = ", ".join(f"{pair} on {count}/{ids['compared']}" for pair, count in ids["equal"].items())
-        print(f"ids: {ids['compared']} requests compared: {pairs}")
+        print(f"  ids: {ids['compared']} requests compared: {pairs}")
         for mismatch in ids["mismatches"]:
-            print(f"  MISMATCH {mismatch}")
+            print(f"    MISMATCH {mismatch}")
+        for difference in ids["differences"]:
+            print(f"    vllm-rs differs (not an error): {difference}")
     floor = report["floor"]
+    if floor is None:
+        return
     print()
     print(
         f"floor: in-process, fresh tokenizers and pipeline per round, best of {floor['rounds']}; "
@@ -899,6 +1070,21 @@ def _workers(value: str) -> list[int]:
     return workers
 
 
+def _workload_names(value: str) -> list[str]:
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"workloads are some of {', '.join(WORKLOADS)}; got {value!r}")
+    return names
+
+
+def _pinnings(value: str) -> list[str]:
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    if not names or any(name not in PINNINGS for name in names):
+        raise argparse.ArgumentTypeError(f"pinning is unpinned, pinned or both; got {value!r}")
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -906,7 +1092,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--checkpoint", default="qwen3", help="fixture checkpoint name or folder (default: qwen3)"
     )
-    parser.add_argument("--vllm", help="a venv holding vllm==0.33.0; without it only tokenfront is measured")
+    parser.add_argument("--vllm", help="a venv holding vllm==0.33.0: measure its Python render server too")
+    parser.add_argument(
+        "--vllm-rs",
+        help="vLLM's Rust renderer: the vllm-rs binary, or a venv holding vllm (its site-packages/vllm/vllm-rs)",
+    )
+    parser.add_argument("--vllm-rs-arg", action="append", default=[], help="extra vllm-rs render argument")
+    parser.add_argument(
+        "--workloads",
+        type=_workload_names,
+        default=list(WORKLOADS),
+        help=f"comma-separated, of {', '.join(WORKLOADS)} (default: all)",
+    )
+    parser.add_argument(
+        "--pinning",
+        type=_pinnings,
+        default=list(PINNINGS),
+        help="unpinned (every process on every core), pinned (each server on its own core(s) with taskset, "
+        "the client on the last core), or both, comma-separated (default: unpinned,pinned)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply the default requests per workload (a quicker run: 0.25)",
+    )
     parser.add_argument("--concurrency", type=int, default=8, help="keep-alive connections (default: 8)")
     parser.add_argument(
         "--requests",
@@ -951,7 +1161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs them; hermes fits Qwen3, llama3_json Llama 3; `none` for neither (default: hermes)",
     )
     parser.add_argument("--sample", type=int, default=16, help="requests per workload whose ids are compared")
-    parser.add_argument("--floor-rounds", type=int, default=5, help="fresh-tokenizer rounds of the floor")
+    parser.add_argument(
+        "--floor-rounds", type=int, default=5, help="fresh-tokenizer rounds of the floor (0: no floor)"
+    )
     parser.add_argument("--seed", default="render-http", help="seed of the request generators")
     parser.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds a server may take to start"
@@ -968,9 +1180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
     else:
         _print_report(report)
-    mismatches = [m for run_ in report["runs"] for m in run_["ids"]["mismatches"]] + report["floor"][
-        "mismatches"
-    ]
+    mismatches = [m for run_ in report["runs"] for m in run_["ids"]["mismatches"]]
+    if report["floor"] is not None:
+        mismatches += report["floor"]["mismatches"]
     return 1 if mismatches else 0
 
 

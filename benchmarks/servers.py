@@ -42,6 +42,9 @@ class Server:
     launched_at: float = field(default_factory=time.monotonic)
     healthy_after: float | None = None  # seconds from launch to the first 200 on /health
     settled_after: float | None = None  # seconds from launch until the process tree went idle after that
+    idle_memory: dict[str, int] | None = None  # `memory()` once settled, before any request
+    command_extra: list[str] = field(default_factory=list)  # what it was given beyond its model and address
+    version: str = "unknown"
 
     @property
     def url(self) -> str:
@@ -124,12 +127,40 @@ def launch(
 
 
 def launch_tokenfront(
-    args: Sequence[str], *, log_dir: Path, env: dict[str, str] | None = None, name: str | None = None
+    args: Sequence[str],
+    *,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    name: str | None = None,
+    cpus: str | None = None,
 ) -> Server:
-    """`python -m tokenfront.cli ARGS --host 127.0.0.1 --port P`, with this interpreter."""
+    """`python -m tokenfront.cli ARGS --host 127.0.0.1 --port P`, with this interpreter (on the cores
+    ``cpus``, `taskset -c` style, when given)."""
     port = free_port()
     command = [sys.executable, "-m", "tokenfront.cli", *args, "--host", HOST, "--port", str(port)]
-    return launch(name or args[0], command, port=port, log_dir=log_dir, env=env)
+    return launch(name or args[0], [*_pinned(cpus), *command], port=port, log_dir=log_dir, env=env)
+
+
+def vllm_rs_binary(venv: Path) -> Path | None:
+    """vLLM's Rust frontend inside a venv holding vllm (``site-packages/vllm/vllm-rs``), None without it."""
+    found = sorted(venv.glob("lib/python*/site-packages/vllm/vllm-rs"))
+    return found[-1] if found else None
+
+
+def launch_vllm_rs(
+    binary: Path,
+    model: str,
+    *,
+    log_dir: Path,
+    extra_args: Sequence[str] = (),
+    name: str = "vllm-rs",
+    cpus: str | None = None,
+) -> Server:
+    """vLLM's Rust render server: `vllm-rs render MODEL --host 127.0.0.1 --port P`, offline."""
+    port = free_port()
+    command = [str(binary), "render", model, "--host", HOST, "--port", str(port), *extra_args]
+    environment = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    return launch(name, [*_pinned(cpus), *command], port=port, log_dir=log_dir, env=environment)
 
 
 def launch_vllm_render(
@@ -140,6 +171,7 @@ def launch_vllm_render(
     extra_args: Sequence[str] = (),
     name: str = "vllm",
     env: dict[str, str] | None = None,
+    cpus: str | None = None,
 ) -> Server:
     """vLLM's CPU render server: `VENV/bin/vllm launch render MODEL --host 127.0.0.1 --port P`, offline;
     `env` adds to its environment."""
@@ -152,8 +184,18 @@ def launch_vllm_render(
         "DO_NOT_TRACK": "1",
     }
     return launch(
-        name, [*command, *extra_args], port=port, log_dir=log_dir, env={**environment, **(env or {})}
+        name,
+        [*_pinned(cpus), *command, *extra_args],
+        port=port,
+        log_dir=log_dir,
+        env={**environment, **(env or {})},
     )
+
+
+def _pinned(cpus: str | None) -> list[str]:
+    """The command prefix running a server on the cores ``cpus`` only (`taskset` execs the command: the
+    server keeps its pid, and every process it starts inherits the cores)."""
+    return [] if cpus is None else ["taskset", "-c", cpus]
 
 
 def wait_healthy(servers: Iterable[Server], timeout: float = 300.0, interval: float = 0.05) -> None:
@@ -203,6 +245,14 @@ def machine_cpu_seconds() -> float:
     stat = _read("/proc/stat") or ""
     values = [int(value) for value in stat.splitlines()[0].split()[1:]]
     return (sum(values[:8]) - values[3] - values[4]) / CLOCK_TICKS
+
+
+def machine_interrupt_seconds() -> tuple[float, float]:
+    """CPU time the whole machine spent in interrupts (hard and soft: on loopback, most of the network's work,
+    charged to no process) and stolen by the hypervisor, from /proc/stat: ``(interrupts, steal)``."""
+    stat = _read("/proc/stat") or ""
+    values = [int(value) for value in stat.splitlines()[0].split()[1:]]
+    return (values[5] + values[6]) / CLOCK_TICKS, values[7] / CLOCK_TICKS
 
 
 def wait_quiet(timeout: float, *, window: float = 0.5, threshold: float = 0.1) -> float | None:
