@@ -67,7 +67,7 @@ bench: install-test
 
 # tokenfront render against vLLM's CPU render server over HTTP, in one run (vLLM when `make peer-vllm` ran).
 bench-http: install-test
-	$(BIN)/python -m benchmarks.render_http --workers 1,2 $(if $(wildcard $(VLLM_PEER)/bin/vllm),--vllm $(VLLM_PEER))
+	$(BIN)/python -m benchmarks.render_http --workers 1,2 $(if $(wildcard $(VLLM_PEER)/bin/vllm),--vllm $(VLLM_PEER) --vllm-rs $(VLLM_PEER))
 
 # Same requests, same ids? gpt-oss (Harmony) and Mistral (tekken, mistral-common) rendered by tokenfront and by
 # vLLM 0.33's render server side by side (needs `make peer-vllm`; not CI).

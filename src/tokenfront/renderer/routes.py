@@ -20,6 +20,7 @@ import secrets
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
+from pydantic import ValidationError
 from starlette.responses import Response
 
 from tokenfront.core.context_length import max_model_len
@@ -35,6 +36,7 @@ from tokenfront.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from tokenfront.server.direct import DirectAnswer
 from tokenfront.server.lean_routes import LeanRoute, json_body, raw_body
 from tokenfront.server.metrics import ServerMetrics
 from tokenfront.server.models import check_model
@@ -294,7 +296,38 @@ def render_router() -> APIRouter:
         check_model(request.model, pipeline.served_model_names)
         return JSONBytesResponse(DetokenizeResponse(prompt=pipeline.detokenize(request.tokens)).model_dump())
 
+    _offer_direct(router, "/v1/chat/completions/render", _direct_chat)
+    _offer_direct(router, "/v1/completions/render", _direct_completion)
     return router
+
+
+def _direct_chat(app: FastAPI, raw: bytes, body: dict[str, Any]) -> bytes | None:
+    """`render_chat`'s answer without ASGI (`server.direct`); None for what only the endpoint answers."""
+    try:
+        request = ChatCompletionRequest.model_validate(body)
+    except ValidationError:
+        return None
+    if request.chat_template is not None:  # a request's own template renders on the render thread
+        return None
+    content, rendered = render_chat_response(app.state.pipeline, request, body, raw)
+    app.state.metrics.count_rendered("chat", 1, len(rendered.token_ids))
+    return content
+
+
+def _direct_completion(app: FastAPI, raw: bytes, body: dict[str, Any]) -> bytes | None:
+    """`render_completion`'s answer without ASGI (`server.direct`); None for what only the endpoint answers."""
+    try:
+        request = CompletionRequest.model_validate(body)
+    except ValidationError:
+        return None
+    content, items = render_completion_response(app.state.pipeline, request, body, raw)
+    app.state.metrics.count_rendered("completion", len(items), sum(len(item.token_ids) for item in items))
+    return content
+
+
+def _offer_direct(router: APIRouter, path: str, answer: DirectAnswer) -> None:
+    route = next(route for route in router.routes if isinstance(route, LeanRoute) and route.path == path)
+    route.direct = answer
 
 
 def _metrics(raw: Request) -> ServerMetrics:

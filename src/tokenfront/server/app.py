@@ -18,6 +18,7 @@ from tokenfront import __version__
 from tokenfront.core.render import RenderPipeline
 from tokenfront.server.admin_auth import AdminAccess
 from tokenfront.server.api_docs import api_docs_router
+from tokenfront.server.direct import DirectAnswer
 from tokenfront.server.errors import install_error_handlers
 from tokenfront.server.lean_routes import LeanRoute
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
@@ -62,6 +63,9 @@ class TokenfrontApp(FastAPI):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.lean_routes: dict[str, LeanRoute] = {}
+        # The lean routes that offer a direct answer (`server.direct`), by path.
+        self.direct_routes: dict[str, DirectAnswer] = {}
+        self.max_body_bytes = DEFAULT_MAX_BODY_BYTES
         self.drain = Drain()
 
     def include_router(self, router: APIRouter, *, prefix: str = "", **kwargs: Any) -> None:  # type: ignore[override]
@@ -72,6 +76,8 @@ class TokenfrontApp(FastAPI):
         for route in router.routes:
             if isinstance(route, LeanRoute) and route.methods == {"POST"} and "{" not in route.path:
                 self.lean_routes[prefix + route.path] = route
+                if route.direct is not None:
+                    self.direct_routes[prefix + route.path] = route.direct
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -125,6 +131,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.role = role
     app.state.started = time.time()
+    app.max_body_bytes = max_body_bytes
     install_error_handlers(app)
     # Added last = outermost: auth is checked before a body is read, and 413s are counted too.
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)

@@ -45,10 +45,11 @@ from typing import Any
 import httptools
 import orjson
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from tokenfront.server.connection_limits import ConnectionLimits
+from tokenfront.server.direct import DirectLane
 from tokenfront.server.errors import error_body
 
 __all__ = ["BoundedHttpProtocol", "ConnectionTable", "bounded_protocol"]
@@ -137,10 +138,12 @@ class ConnectionTable:
             self._reclaimed = self._refused = 0
 
 
-def bounded_protocol(limits: ConnectionLimits) -> Callable[..., BoundedHttpProtocol]:
+def bounded_protocol(
+    limits: ConnectionLimits, direct: DirectLane | None = None
+) -> Callable[..., BoundedHttpProtocol]:
     """What `uvicorn.Config(http=...)` takes: builds each connection's protocol, every connection of the server
     process sharing one `ConnectionTable`. (Built before a pre-fork: each child gets its own copy of the
-    table, empty, as the parent never serves.)"""
+    table, empty, as the parent never serves.) `direct`: the app's direct lane (`server.direct`), if any."""
     table = ConnectionTable(limits.max_connections)
 
     def create(
@@ -149,7 +152,9 @@ def bounded_protocol(limits: ConnectionLimits) -> Callable[..., BoundedHttpProto
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> BoundedHttpProtocol:
-        return BoundedHttpProtocol(config, server_state, app_state, _loop, limits=limits, table=table)
+        return BoundedHttpProtocol(
+            config, server_state, app_state, _loop, limits=limits, table=table, direct=direct
+        )
 
     return create
 
@@ -166,10 +171,13 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         *,
         limits: ConnectionLimits,
         table: ConnectionTable,
+        direct: DirectLane | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.limits = limits
         self.table = table
+        self.direct = direct
+        self._direct_cycle: RequestResponseCycle | None = None  # taken by the direct lane, its body coming
         self._max_header_bytes = limits.max_header_bytes  # read on every read: one attribute, not two
         self._max_headers = limits.max_headers
         self._phase = _READING_HEAD
@@ -192,6 +200,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._set_deadline(self.limits.header_timeout, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._release_direct()
         self._phase = _CLOSING
         self._cancel_deadline()
         self._uncount()
@@ -298,6 +307,61 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self._deadline is not None:
             self._cancel_deadline()
         super().on_message_complete()
+        cycle = self._direct_cycle
+        if cycle is not None:
+            self._direct_cycle = None
+            if cycle is self.cycle and not self._answer_directly(cycle):
+                super()._start_asgi_task(cycle, self.app)
+
+    # -- the direct lane (server.direct) ----------------------------------------------------------------------
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """uvicorn starts a request's ASGI task here (its head is in): a request the direct lane takes waits for
+        its body instead, and is answered then (`on_message_complete`), or started after all."""
+        direct = self.direct
+        if (
+            direct is not None
+            and app is self.app  # not uvicorn's 503 at its concurrency limit
+            and not cycle.waiting_for_100_continue
+            and direct.takes(cycle.scope)  # type: ignore[arg-type]
+        ):
+            if cycle.more_body:
+                self._direct_cycle = cycle
+                return
+            if self._answer_directly(cycle):  # a pipelined request, its body already in
+                return
+        super()._start_asgi_task(cycle, app)
+
+    def _release_direct(self) -> None:
+        """A request the direct lane took whose body will not come in (the client left or stalled): start it
+        on the usual path after all, so that it ends there as any request does (told the client is gone,
+        counted)."""
+        cycle = self._direct_cycle
+        if cycle is not None:
+            self._direct_cycle = None
+            super()._start_asgi_task(cycle, self.app)
+
+    def _answer_directly(self, cycle: RequestResponseCycle) -> bool:
+        """Answer a request the direct lane took, as uvicorn's cycle would have sent it; False: not answered
+        (the usual path answers it)."""
+        if self.direct is None or self.flow.write_paused or self.transport.is_closing():
+            return False
+        answer = self.direct.answer(
+            cycle.scope,  # type: ignore[arg-type]
+            bytes(cycle.body),
+            keep_alive=cycle.keep_alive,
+            default_headers=cycle.default_headers,
+        )
+        if answer is None:
+            return False
+        cycle.response_started = cycle.response_complete = True
+        cycle.body = bytearray()
+        self.transport.write(answer)
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
+        return True
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -367,6 +431,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def _body_timed_out(self) -> None:
         if not self._deadline_holds(_READING_BODY, self.limits.body_timeout, self._body_timed_out):
             return
+        self._release_direct()
         cycle = self.cycle
         answered = cycle.response_started
         # The handler waiting on the body learns the client is gone: receive() answers http.disconnect, and

@@ -33,6 +33,9 @@ from starlette.types import Receive, Scope, Send
 from tokenfront.server.errors import APIError, response_for, validation_error
 from tokenfront.server.responses import JSONBytesResponse, RequestJSONError, loads_request
 
+if typing.TYPE_CHECKING:
+    from tokenfront.server.direct import DirectAnswer
+
 __all__ = ["INLINE_BODY_BYTES", "LeanRoute", "json_body", "raw_body"]
 
 _JSON_KEY = "tokenfront.json_body"
@@ -60,8 +63,11 @@ class LeanRoute(APIRoute):
     """An `APIRoute` whose handler parses, validates and calls the endpoint itself (see the module doc).
 
     `serve` answers a request as a plain ASGI app, for an app that dispatches to the route itself (see
-    `server.app.TokenfrontApp`); FastAPI's own routing reaches the same handler.
+    `server.app.TokenfrontApp`); FastAPI's own routing reaches the same handler. `direct`, when a route module
+    sets it, answers the route's common case without ASGI (`server.direct`): the same answer as the endpoint's.
     """
+
+    direct: DirectAnswer | None = None
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer one request on this route, errors included."""

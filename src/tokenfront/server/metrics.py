@@ -20,7 +20,8 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 class ServerMetrics:
-    """The metrics every server has: requests by route and status, latency, rendered prompts and tokens."""
+    """The metrics every server has: requests by route and status, latency, rendered prompts and tokens, and
+    which requests the direct lane answered."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -43,7 +44,14 @@ class ServerMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self.direct_answers = Counter(
+            "tokenfront_direct_answers",
+            "Requests answered on the direct lane, without ASGI (a subset of tokenfront_requests_total)",
+            ["route"],
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        self._direct: dict[str, Counter] = {}
         self._rendered: dict[str, tuple[Counter, Counter]] = {}
 
     def observe(self, route: str, status: int, seconds: float) -> None:
@@ -54,6 +62,14 @@ class ServerMetrics:
             self._children[(route, status)] = children
         children[0].inc()
         children[1].observe(seconds)
+
+    def observe_direct(self, route: str, seconds: float) -> None:
+        """Count one request answered 200 on the direct lane (`server.direct`)."""
+        self.observe(route, 200, seconds)
+        child = self._direct.get(route)
+        if child is None:
+            child = self._direct[route] = self.direct_answers.labels(route)
+        child.inc()
 
     def count_rendered(self, kind: str, prompts: int, tokens: int) -> None:
         """Count rendered prompts and their tokens."""

@@ -85,6 +85,15 @@ class AuthAndMetrics:
             route = scope.get("route")
             self.metrics.observe(getattr(route, "path", "unmatched"), status, time.perf_counter() - start)
 
+    def admits(self, scope: Scope) -> bool:
+        """Whether the request has the key its path needs (what `__call__` checks before answering)."""
+        needs_key = self._key is not None and scope["path"] not in OPEN_PATHS
+        admin_write = self.admin is not None and self.admin.guards(scope["method"], scope["path"])
+        return (
+            not (needs_key or admin_write)
+            or self._refusal(scope, needs_key=needs_key, admin_write=admin_write) is None
+        )
+
     def _refusal(self, scope: Scope, *, needs_key: bool, admin_write: bool) -> Response | None:
         """The 401 or 403 for a request that lacks the key it needs (None: it has it)."""
         token = _bearer_token(scope)

@@ -139,6 +139,8 @@ def run_server(
     if sock is None:
         sock = bind_socket(host, port, reuse_port=workers > 1)
     # Here, not at the top: the CLI imports this module before `prepare_workers` and the torch guard have run.
+    from tokenfront.server.app import TokenfrontApp
+    from tokenfront.server.direct import DirectLane
     from tokenfront.server.http_protocol import bounded_protocol
     from tokenfront.server.middleware import RequestIdLayer
 
@@ -146,6 +148,8 @@ def run_server(
     limits = replace(limits, max_connections=fit_open_file_limit(limits.max_connections))
     port = int(sock.getsockname()[1])  # the real one when port 0 was asked for
     drain = getattr(app, "drain", None)  # a TokenfrontApp's (server.app)
+    # Its direct answers (server.direct): not with an access log, which the usual path writes.
+    direct = DirectLane.of(app) if isinstance(app, TokenfrontApp) and not access_log else None
     config = uvicorn.Config(
         RequestIdLayer(app, access_log=access_log),
         host=host,
@@ -160,7 +164,7 @@ def run_server(
         # parser, not h11) with every connection bounded. uvicorn calls `http` with the protocol's arguments:
         # a factory works as a class does.
         loop="auto",
-        http=cast("type[asyncio.Protocol]", bounded_protocol(limits)),
+        http=cast("type[asyncio.Protocol]", bounded_protocol(limits, direct)),
     )
     adopt_library_handlers()  # the checkpoint's libraries are imported by now
     if workers <= 1:

@@ -3,7 +3,8 @@
 Rendering runs a chat template (a client's own too, with --allow-request-chat-template: up to the template
 time limit of core/template_limits.py) and the tokenizer; derendering reads output ids through the
 tokenizer. CPU work that must not hold the event loop for long, or /health and every other request would
-wait for it. The pipeline serves one call at a time (`_PIPELINE_LOCK`: the transformers tokenizer changes its
+wait for it. The pipeline serves one call at a time (`PIPELINE_LOCK`, which the direct lane of
+`server.direct` takes too: the transformers tokenizer changes its
 own settings per call, so two threads must not tokenize at once). A small request with the checkpoint's
 template renders in well under a millisecond: it runs right on the loop when the pipeline is free, saving the
 hop to a thread (tens of microseconds, more than many renders take). Everything else — a client's template, a
@@ -35,11 +36,11 @@ from fastapi import Request
 
 from tokenfront.server.lean_routes import INLINE_BODY_BYTES, raw_body
 
-__all__ = ["INLINE_BODY_BYTES", "render_off_loop"]
+__all__ = ["INLINE_BODY_BYTES", "PIPELINE_LOCK", "render_off_loop"]
 
 _T = TypeVar("_T")
 
-_PIPELINE_LOCK = threading.Lock()
+PIPELINE_LOCK = threading.Lock()
 # Queue order: the checkpoint's template before a request's own; first come, first served within each.
 _CHECKPOINT_TEMPLATE, _REQUEST_TEMPLATE = 0, 1
 
@@ -78,7 +79,7 @@ class _RenderThread:
             if not future.set_running_or_notify_cancel():
                 continue  # its caller went away (a client that disconnected) before it started
             try:
-                with _PIPELINE_LOCK:
+                with PIPELINE_LOCK:
                     result = call()
             except BaseException as exc:  # handed to the awaiting request
                 future.set_exception(exc)
@@ -96,11 +97,11 @@ async def render_off_loop(
     and the pipeline is free, else on the render thread."""
     call = functools.partial(function, *args)
     own_template = getattr(request, "chat_template", None) is not None
-    if not own_template and len(raw_body(raw)) <= inline_bytes and _PIPELINE_LOCK.acquire(blocking=False):
+    if not own_template and len(raw_body(raw)) <= inline_bytes and PIPELINE_LOCK.acquire(blocking=False):
         try:
             return call()
         finally:
-            _PIPELINE_LOCK.release()
+            PIPELINE_LOCK.release()
     # The request's context goes along, so that a line logged while rendering carries its request id.
     context = contextvars.copy_context()
     priority = _REQUEST_TEMPLATE if own_template else _CHECKPOINT_TEMPLATE

@@ -1,0 +1,145 @@
+"""The direct lane: a small render request answered inside its connection's protocol, without ASGI.
+
+On the hot render routes, the ASGI path costs more than the render itself: a task per request, the scope,
+`receive` and `send` coroutines, a `Request` and a `Response`, each layer's wrapper of `send`, two socket
+writes. A route that offers a direct answer (`LeanRoute.direct`, a plain function of the body) is answered
+synchronously by `BoundedHttpProtocol` when its body is in: the same checks, done inline once — the API key
+(`AuthAndMetrics.admits`, constant time), the body limits, the server not draining, the request id (the
+client's `X-Request-Id` or a new one, current while the request is answered) — then the function, the
+request's metrics, and one write of the whole answer, byte for byte what the ASGI path writes.
+
+Only the common case goes this way, and anything else takes the usual path, which answers it as it always
+has: a body that is not small (`INLINE_BODY_BYTES`) or has no Content-Length, `Expect: 100-continue`, a
+refused or missing key, a body that is not a JSON object, a request the function declines (it returns None:
+a request's own chat template, an invalid body) or that raises (an unknown model, a prompt too long: the
+usual path then gives the error), the pipeline busy on another call, a client not reading its answers (the
+transport's writes paused), or a server shutting down. The direct function must therefore be pure: what it
+does is done again on the usual path when it declines or raises. With `--access-log` the lane is off (every
+request takes the path that writes the line). The renderer and the worker's render routes have the lane; the
+router's do not (its loop guard stands in front of them), and it renders for routing in-process anyway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from tokenfront.server.lean_routes import INLINE_BODY_BYTES
+from tokenfront.server.middleware import AuthAndMetrics
+from tokenfront.server.render_thread import PIPELINE_LOCK
+from tokenfront.server.request_ids import (
+    REQUEST_ID_HEADER,
+    accepted_request_id,
+    reset_request_id,
+    set_request_id,
+)
+from tokenfront.server.responses import RequestJSONError, loads_request
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from tokenfront.server.app import TokenfrontApp
+
+__all__ = ["DirectAnswer", "DirectLane"]
+
+# A route's direct answer: (the app, the body as sent, the body parsed: a JSON object) -> the JSON of a 200
+# answer, or None to leave the request to the usual path.
+DirectAnswer = Callable[["FastAPI", bytes, dict[str, Any]], "bytes | None"]
+
+_REQUEST_ID = REQUEST_ID_HEADER.lower().encode("ascii")
+_JSON_HEAD = b"content-type: application/json\r\n"
+
+
+class DirectLane:
+    """The direct answers of one app (its lean routes that offer one), and the checks in front of them."""
+
+    def __init__(self, app: TokenfrontApp, front: AuthAndMetrics) -> None:
+        self.app = app
+        self.routes = dict(app.direct_routes)
+        self.front = front  # the key check and the request metrics
+        self.drain = app.drain
+        self.max_body = min(INLINE_BODY_BYTES, app.max_body_bytes)
+
+    @classmethod
+    def of(cls, app: TokenfrontApp) -> DirectLane | None:
+        """The app's lane; None when it has no direct routes, or when its lean routes have another layer in
+        front of the key check (the router's loop guard): then they all take the usual path."""
+        front = app.lean_front
+        if not app.direct_routes or type(front) is not AuthAndMetrics:
+            return None
+        return cls(app, front)
+
+    def takes(self, scope: dict[str, Any]) -> bool:
+        """Whether a request, by its head, may be answered directly (then only once its body is in)."""
+        if scope["method"] != "POST" or scope["path"] not in self.routes or self.drain.draining:
+            return False
+        length = _content_length(scope["headers"])
+        return length is not None and 0 < length <= self.max_body
+
+    def answer(
+        self, scope: dict[str, Any], body: bytes, *, keep_alive: bool, default_headers: list[Any]
+    ) -> bytes | None:
+        """The whole HTTP answer to a request `takes` took, or None: the usual path answers it."""
+        if self.drain.draining or not self.front.admits(scope) or not _json_content(scope["headers"]):
+            return None
+        try:
+            payload = loads_request(body)
+        except (RequestJSONError, ValueError):
+            return None
+        if not isinstance(payload, dict) or not PIPELINE_LOCK.acquire(blocking=False):
+            return None
+        path = scope["path"]
+        request_id = accepted_request_id(_header(scope["headers"], _REQUEST_ID))
+        token = set_request_id(request_id)
+        start = time.perf_counter()
+        try:
+            content = self.routes[path](self.app, body, payload)
+        except Exception:  # the usual path answers it again, with its error
+            content = None
+        finally:
+            PIPELINE_LOCK.release()
+            reset_request_id(token)
+        if content is None:
+            return None
+        self.front.metrics.observe_direct(path, time.perf_counter() - start)
+        head = [STATUS_LINE[200]]
+        for name, value in default_headers:
+            head += (name, b": ", value, b"\r\n")
+        head += (
+            b"content-length: %d\r\n" % len(content),
+            _JSON_HEAD,
+            _REQUEST_ID,
+            b": ",
+            request_id.encode("ascii"),
+            b"\r\n",
+        )
+        if not keep_alive:
+            head.append(b"connection: close\r\n")
+        head += (b"\r\n", content)
+        return b"".join(head)
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    return next((value for key, value in headers if key == name), None)
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The body's length when the head gives one Content-Length and no Transfer-Encoding."""
+    length = None
+    for name, value in headers:
+        if name == b"content-length":
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+        elif name == b"transfer-encoding":
+            return None
+    return length
+
+
+def _json_content(headers: list[tuple[bytes, bytes]]) -> bool:
+    """No Content-Type, or a JSON one (as the lean routes accept)."""
+    content_type = _header(headers, b"content-type")
+    return content_type is None or b"json" in content_type
