@@ -144,24 +144,37 @@ def tool_chats(n: int, rng: random.Random) -> list[dict[str, Any]]:
 
 
 def growing_conversations(n: int, rng: random.Random) -> list[dict[str, Any]]:
+    return _conversations(n, rng, system_words=30, turns=8, user_words=25, assistant_words=40)
+
+
+def _conversations(
+    n: int, rng: random.Random, *, system_words: int, turns: int, user_words: int, assistant_words: int
+) -> list[dict[str, Any]]:
+    """Conversations of `turns` user turns, each turn's request the whole conversation so far, first to last."""
     out: list[dict[str, Any]] = []
     conversation = 0
     while len(out) < n:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": _text(rng, 30, conversation)}]
-        for turn in range(8):
-            messages.append({"role": "user", "content": _text(rng, 25, conversation * 100 + turn)})
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": _text(rng, system_words, conversation)}
+        ]
+        for turn in range(turns):
+            messages.append({"role": "user", "content": _text(rng, user_words, conversation * 100 + turn)})
             out.append({"messages": list(messages)})
-            messages.append({"role": "assistant", "content": _text(rng, 40, turn)})
+            messages.append({"role": "assistant", "content": _text(rng, assistant_words, turn)})
         conversation += 1
     return out[:n]
 
 
 def long_prompts(n: int, rng: random.Random) -> list[dict[str, Any]]:
+    return _cold_prompts(n, rng, vocabulary_size=3000, words=3000)
+
+
+def _cold_prompts(n: int, rng: random.Random, *, vocabulary_size: int, words: int) -> list[dict[str, Any]]:
     # Cold: every prompt draws on a vocabulary of its own, so no word or segment was seen before.
     out = []
     for i in range(n):
-        vocabulary = [word + rng.choice("bcdfgklmnprstvz") * 2 for word in _vocabulary(rng, 3000)]
-        out.append({"messages": [{"role": "user", "content": _text(rng, 3000, i, vocabulary)}]})
+        vocabulary = [word + rng.choice("bcdfgklmnprstvz") * 2 for word in _vocabulary(rng, vocabulary_size)]
+        out.append({"messages": [{"role": "user", "content": _text(rng, words, i, vocabulary)}]})
     return out
 
 
@@ -179,24 +192,11 @@ def tool_questions(n: int, rng: random.Random) -> list[dict[str, Any]]:
 
 
 def agent_sessions(n: int, rng: random.Random) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    session = 0
-    while len(out) < n:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": _text(rng, 60, session)}]
-        for turn in range(12):
-            messages.append({"role": "user", "content": _text(rng, 40, session * 100 + turn)})
-            out.append({"messages": list(messages)})
-            messages.append({"role": "assistant", "content": _text(rng, 70, turn)})
-        session += 1
-    return out[:n]
+    return _conversations(n, rng, system_words=60, turns=12, user_words=40, assistant_words=70)
 
 
 def cold_mid_prompts(n: int, rng: random.Random) -> list[dict[str, Any]]:
-    out = []
-    for i in range(n):
-        vocabulary = [word + rng.choice("bcdfgklmnprstvz") * 2 for word in _vocabulary(rng, 1500)]
-        out.append({"messages": [{"role": "user", "content": _text(rng, 900, i, vocabulary)}]})
-    return out
+    return _cold_prompts(n, rng, vocabulary_size=1500, words=900)
 
 
 WORKLOADS: dict[str, Callable[[int, random.Random], list[dict[str, Any]]]] = {

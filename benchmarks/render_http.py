@@ -740,18 +740,14 @@ def _launch_peers(
         peers["vllm"] = launch_vllm_render(
             venv, folder, log_dir=log_dir, extra_args=vllm_args, cpus=layout.server_cpus(1)
         )
+        peers["vllm"].command_extra, peers["vllm"].version = vllm_args, _vllm_version(venv)
     if args.vllm_rs is not None:
         binary = _vllm_rs(args.vllm_rs)
         rs_args = [*_tool_arguments(args.tool_call_parser, vllm=False), *args.vllm_rs_arg]
         peers["vllm-rs"] = launch_vllm_rs(
             binary, folder, log_dir=log_dir, extra_args=rs_args, cpus=layout.server_cpus(1)
         )
-    if "vllm" in peers:
-        peers["vllm"].command_extra = vllm_args
-        peers["vllm"].version = _vllm_version(Path(args.vllm).expanduser())
-    if "vllm-rs" in peers:
-        peers["vllm-rs"].command_extra = rs_args
-        peers["vllm-rs"].version = _vllm_rs_version(binary)
+        peers["vllm-rs"].command_extra, peers["vllm-rs"].version = rs_args, _vllm_rs_version(binary)
     started.extend(peers.values())
     for peer in peers.values():  # one at a time: a start-up is timed on a machine the others leave alone
         wait_healthy([peer], timeout=args.start_timeout)
@@ -842,61 +838,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
                 samples: dict[str, list[Body]] = {}
                 for workload_index, workload in enumerate(workloads):
-                    row: dict[str, Any] = {}
-                    result["workloads"][workload] = row
-                    tokens: list[int] = []
-                    measured: dict[str, list[dict[str, Any]]] = {server_name: [] for server_name in servers}
-                    for round_ in range(args.rounds):
-                        seed = f"{args.seed}/{run_index}/{workload}/{round_}"
-                        timed = _generate(workload, counts[workload], seed + "/timed")
-                        # Warm-up requests (another seed) before each server's first timed round only.
-                        warm_up = _generate(workload, args.warm_up, seed + "/warm-up") if round_ == 0 else []
-                        flat = [body for sequence in timed for body in sequence]
-                        payloads = [[_encode_body(body) for body in sequence] for sequence in timed]
-                        warm_payloads = [[_encode_body(body) for body in sequence] for sequence in warm_up]
-                        bodies_sent.add([p for sequence in payloads + warm_payloads for p in sequence])
-                        tokens += [
-                            len(
-                                text_pipeline.render_chat(
-                                    ChatCompletionRequest.model_validate(body)
-                                ).token_ids
-                            )
-                            for body in flat
-                        ]
-                        if round_ == 0:
-                            samples[workload] = _spread(flat, args.sample)
-                            row.update(requests=len(flat), sequences=len(timed), orders=[])
-                        # Which server goes first turns with the workload and the round.
-                        order = list(servers)
-                        shift = (run_index + workload_index + round_) % len(order)
-                        order = order[shift:] + order[:shift]
-                        row["orders"].append(order)
-                        for server_name in order:
-                            server = servers[server_name]
-                            build = [
-                                [_http_request(p, server.port) for p in sequence] for sequence in payloads
-                            ]
-                            warm = [
-                                [_http_request(p, server.port) for p in sequence]
-                                for sequence in warm_payloads
-                            ]
-                            others = [s for s in servers.values() if s is not server]
-                            with layout.client():
-                                measured[server_name].append(
-                                    _measure(server, others, build, warm, args.concurrency, args.quiet_wait)
-                                )
-                    row.update(mean_prompt_tokens=statistics.fmean(tokens), max_prompt_tokens=max(tokens))
-                    for server_name, rounds in measured.items():
-                        # The best round: the fewest interruptions from anything else on the machine.
-                        row[server_name] = {**max(rounds, key=lambda m: m["rps"]), "rounds": rounds}
-                    tf = row["tokenfront"]
-                    row["versus"] = {
-                        peer_name: {
-                            "cpu_ratio": tf["cpu_ms_per_request"] / row[peer_name]["cpu_ms_per_request"],
-                            "rps_ratio": tf["rps"] / row[peer_name]["rps"],
-                        }
-                        for peer_name in peers
-                    }
+                    result["workloads"][workload] = _measure_workload(
+                        args,
+                        workload,
+                        count=counts[workload],
+                        seed=f"{args.seed}/{run_index}",
+                        first=run_index + workload_index,
+                        servers=servers,
+                        layout=layout,
+                        text_pipeline=text_pipeline,
+                        bodies_sent=bodies_sent,
+                        samples=samples,
+                    )
                 result["memory"] = {server_name: server.memory() for server_name, server in servers.items()}
                 result["ids"] = _check_ids(servers, reference, samples)
                 report["runs"].append(result)
@@ -926,6 +879,71 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else None
     )
     return report
+
+
+def _measure_workload(
+    args: argparse.Namespace,
+    workload: str,
+    *,
+    count: int,
+    seed: str,
+    first: int,
+    servers: dict[str, Server],
+    layout: _Layout,
+    text_pipeline: RenderPipeline,
+    bodies_sent: _Bodies,
+    samples: dict[str, list[Body]],
+) -> dict[str, Any]:
+    """One workload on every server, `--rounds` times on fresh requests: the row of the report (the best
+    round of each server, every round, and tokenfront over each peer). Adds the workload's sample to
+    `samples`; `first` turns which server goes first."""
+    row: dict[str, Any] = {}
+    tokens: list[int] = []
+    measured: dict[str, list[dict[str, Any]]] = {server_name: [] for server_name in servers}
+    for round_ in range(args.rounds):
+        round_seed = f"{seed}/{workload}/{round_}"
+        timed = _generate(workload, count, round_seed + "/timed")
+        # Warm-up requests (another seed) before each server's first timed round only.
+        warm_up = _generate(workload, args.warm_up, round_seed + "/warm-up") if round_ == 0 else []
+        flat = [body for sequence in timed for body in sequence]
+        payloads = [[_encode_body(body) for body in sequence] for sequence in timed]
+        warm_payloads = [[_encode_body(body) for body in sequence] for sequence in warm_up]
+        bodies_sent.add([p for sequence in payloads + warm_payloads for p in sequence])
+        tokens += [
+            len(text_pipeline.render_chat(ChatCompletionRequest.model_validate(body)).token_ids)
+            for body in flat
+        ]
+        if round_ == 0:
+            samples[workload] = _spread(flat, args.sample)
+            row.update(requests=len(flat), sequences=len(timed), orders=[])
+        # Which server goes first turns with the workload and the round.
+        order = list(servers)
+        shift = (first + round_) % len(order)
+        order = order[shift:] + order[:shift]
+        row["orders"].append(order)
+        for server_name in order:
+            server = servers[server_name]
+            build = [[_http_request(p, server.port) for p in sequence] for sequence in payloads]
+            warm = [[_http_request(p, server.port) for p in sequence] for sequence in warm_payloads]
+            others = [s for s in servers.values() if s is not server]
+            with layout.client():
+                measured[server_name].append(
+                    _measure(server, others, build, warm, args.concurrency, args.quiet_wait)
+                )
+    row.update(mean_prompt_tokens=statistics.fmean(tokens), max_prompt_tokens=max(tokens))
+    for server_name, rounds in measured.items():
+        # The best round: the fewest interruptions from anything else on the machine.
+        row[server_name] = {**max(rounds, key=lambda m: m["rps"]), "rounds": rounds}
+    tf = row["tokenfront"]
+    row["versus"] = {
+        peer_name: {
+            "cpu_ratio": tf["cpu_ms_per_request"] / row[peer_name]["cpu_ms_per_request"],
+            "rps_ratio": tf["rps"] / row[peer_name]["rps"],
+        }
+        for peer_name in servers
+        if peer_name != "tokenfront"
+    }
+    return row
 
 
 # --- the report --------------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from pathlib import Path
 
 HOST = "127.0.0.1"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# vLLM's servers, offline and quiet: no hub, no usage reports.
+_VLLM_OFFLINE = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 # A base URL as `tokenfront simulate` prints each worker's, one a line.
 _PRINTED_URL = re.compile(r"^http://127\.0\.0\.1:(\d+)$", re.MULTILINE)
 
@@ -159,8 +161,7 @@ def launch_vllm_rs(
     """vLLM's Rust render server: `vllm-rs render MODEL --host 127.0.0.1 --port P`, offline."""
     port = free_port()
     command = [str(binary), "render", model, "--host", HOST, "--port", str(port), *extra_args]
-    environment = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    return launch(name, [*_pinned(cpus), *command], port=port, log_dir=log_dir, env=environment)
+    return launch(name, [*_pinned(cpus), *command], port=port, log_dir=log_dir, env=_VLLM_OFFLINE)
 
 
 def launch_vllm_render(
@@ -177,12 +178,7 @@ def launch_vllm_render(
     `env` adds to its environment."""
     port = free_port()
     command = [str(venv / "bin" / "vllm"), "launch", "render", model, "--host", HOST, "--port", str(port)]
-    environment = {
-        "VLLM_TARGET_DEVICE": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
+    environment = {"VLLM_TARGET_DEVICE": "cpu", **_VLLM_OFFLINE}
     return launch(
         name,
         [*_pinned(cpus), *command, *extra_args],
@@ -242,17 +238,22 @@ def stop_all(servers: Iterable[Server]) -> None:
 
 def machine_cpu_seconds() -> float:
     """CPU time the whole machine has spent busy (every core; all but idle and iowait), from /proc/stat."""
-    stat = _read("/proc/stat") or ""
-    values = [int(value) for value in stat.splitlines()[0].split()[1:]]
+    values = _cpu_ticks()
     return (sum(values[:8]) - values[3] - values[4]) / CLOCK_TICKS
 
 
 def machine_interrupt_seconds() -> tuple[float, float]:
     """CPU time the whole machine spent in interrupts (hard and soft: on loopback, most of the network's work,
     charged to no process) and stolen by the hypervisor, from /proc/stat: ``(interrupts, steal)``."""
-    stat = _read("/proc/stat") or ""
-    values = [int(value) for value in stat.splitlines()[0].split()[1:]]
+    values = _cpu_ticks()
     return (values[5] + values[6]) / CLOCK_TICKS, values[7] / CLOCK_TICKS
+
+
+def _cpu_ticks() -> list[int]:
+    """The machine's CPU time by kind (user, nice, system, idle, iowait, irq, softirq, steal, ...), in clock
+    ticks, from the first line of /proc/stat."""
+    stat = _read("/proc/stat") or ""
+    return [int(value) for value in stat.splitlines()[0].split()[1:]]
 
 
 def wait_quiet(timeout: float, *, window: float = 0.5, threshold: float = 0.1) -> float | None:

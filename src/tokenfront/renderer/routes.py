@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import functools
 import secrets
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from tokenfront.core.context_length import max_model_len
@@ -36,7 +37,6 @@ from tokenfront.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from tokenfront.server.direct import DirectAnswer
 from tokenfront.server.lean_routes import LeanRoute, json_body, raw_body
 from tokenfront.server.metrics import ServerMetrics
 from tokenfront.server.models import check_model
@@ -217,20 +217,16 @@ def render_router() -> APIRouter:
 
     @router.post("/v1/chat/completions/render", summary="Render a chat request into prompt token ids")
     async def render_chat(request: ChatCompletionRequest, raw: Request) -> Response:
-        pipeline: RenderPipeline = raw.app.state.pipeline
-        content, rendered = await render_off_loop(
-            raw, request, render_chat_response, pipeline, request, json_body(raw), raw_body(raw)
+        content = await render_off_loop(
+            raw, request, _chat_answer, raw.app, request, json_body(raw), raw_body(raw)
         )
-        _metrics(raw).count_rendered("chat", 1, len(rendered.token_ids))
         return JSONBytesResponse(content)
 
     @router.post("/v1/completions/render", summary="Render a completions request into prompt token ids")
     async def render_completion(request: CompletionRequest, raw: Request) -> Response:
-        pipeline: RenderPipeline = raw.app.state.pipeline
-        content, items = await render_off_loop(
-            raw, request, render_completion_response, pipeline, request, json_body(raw), raw_body(raw)
+        content = await render_off_loop(
+            raw, request, _completion_answer, raw.app, request, json_body(raw), raw_body(raw)
         )
-        _metrics(raw).count_rendered("completion", len(items), sum(len(item.token_ids) for item in items))
         return JSONBytesResponse(content)
 
     @router.post(
@@ -296,38 +292,49 @@ def render_router() -> APIRouter:
         check_model(request.model, pipeline.served_model_names)
         return JSONBytesResponse(DetokenizeResponse(prompt=pipeline.detokenize(request.tokens)).model_dump())
 
-    _offer_direct(router, "/v1/chat/completions/render", _direct_chat)
-    _offer_direct(router, "/v1/completions/render", _direct_completion)
+    _offer_direct(router, "/v1/chat/completions/render", ChatCompletionRequest, _chat_answer)
+    _offer_direct(router, "/v1/completions/render", CompletionRequest, _completion_answer)
     return router
 
 
-def _direct_chat(app: FastAPI, raw: bytes, body: dict[str, Any]) -> bytes | None:
-    """`render_chat`'s answer without ASGI (`server.direct`); None for what only the endpoint answers."""
-    try:
-        request = ChatCompletionRequest.model_validate(body)
-    except ValidationError:
-        return None
-    if request.chat_template is not None:  # a request's own template renders on the render thread
-        return None
+def _chat_answer(app: FastAPI, request: ChatCompletionRequest, body: dict[str, Any], raw: bytes) -> bytes:
+    """`/v1/chat/completions/render`'s answer, its render counted."""
     content, rendered = render_chat_response(app.state.pipeline, request, body, raw)
     app.state.metrics.count_rendered("chat", 1, len(rendered.token_ids))
     return content
 
 
-def _direct_completion(app: FastAPI, raw: bytes, body: dict[str, Any]) -> bytes | None:
-    """`render_completion`'s answer without ASGI (`server.direct`); None for what only the endpoint answers."""
-    try:
-        request = CompletionRequest.model_validate(body)
-    except ValidationError:
-        return None
+def _completion_answer(app: FastAPI, request: CompletionRequest, body: dict[str, Any], raw: bytes) -> bytes:
+    """`/v1/completions/render`'s answer, its renders counted."""
     content, items = render_completion_response(app.state.pipeline, request, body, raw)
     app.state.metrics.count_rendered("completion", len(items), sum(len(item.token_ids) for item in items))
     return content
 
 
-def _offer_direct(router: APIRouter, path: str, answer: DirectAnswer) -> None:
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+def _offer_direct(
+    router: APIRouter,
+    path: str,
+    model: type[_Body],
+    answer: Callable[[FastAPI, _Body, dict[str, Any], bytes], bytes],
+) -> None:
+    """Give the route at `path` a direct answer (`server.direct`): the endpoint's `answer`, for a body that
+    `model` validates and that has no template of its own (those render on the render thread); None otherwise,
+    for the endpoint to answer."""
+
+    def direct(app: FastAPI, raw: bytes, body: dict[str, Any]) -> bytes | None:
+        try:
+            request = model.model_validate(body)
+        except ValidationError:
+            return None
+        if getattr(request, "chat_template", None) is not None:
+            return None
+        return answer(app, request, body, raw)
+
     route = next(route for route in router.routes if isinstance(route, LeanRoute) and route.path == path)
-    route.direct = answer
+    route.direct = direct
 
 
 def _metrics(raw: Request) -> ServerMetrics:

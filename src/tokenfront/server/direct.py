@@ -4,7 +4,7 @@ On the hot render routes, the ASGI path costs more than the render itself: a tas
 `receive` and `send` coroutines, a `Request` and a `Response`, each layer's wrapper of `send`, two socket
 writes. A route that offers a direct answer (`LeanRoute.direct`, a plain function of the body) is answered
 synchronously by `BoundedHttpProtocol` when its body is in: the same checks, done inline once — the API key
-(`AuthAndMetrics.admits`, constant time), the body limits, the server not draining, the request id (the
+(`AuthAndMetrics.refusal`, constant time), the body limits, the server not draining, the request id (the
 client's `X-Request-Id` or a new one, current while the request is answered) — then the function, the
 request's metrics, and one write of the whole answer, byte for byte what the ASGI path writes.
 
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from tokenfront.server.lean_routes import INLINE_BODY_BYTES
+from tokenfront.server.errors import APIError
+from tokenfront.server.lean_routes import INLINE_BODY_BYTES, parse_body
 from tokenfront.server.middleware import AuthAndMetrics
 from tokenfront.server.render_thread import PIPELINE_LOCK
 from tokenfront.server.request_ids import (
@@ -36,7 +37,6 @@ from tokenfront.server.request_ids import (
     reset_request_id,
     set_request_id,
 )
-from tokenfront.server.responses import RequestJSONError, loads_request
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -83,16 +83,17 @@ class DirectLane:
         self, scope: dict[str, Any], body: bytes, *, keep_alive: bool, default_headers: list[Any]
     ) -> bytes | None:
         """The whole HTTP answer to a request `takes` took, or None: the usual path answers it."""
-        if self.drain.draining or not self.front.admits(scope) or not _json_content(scope["headers"]):
+        headers = scope["headers"]
+        if self.drain.draining or self.front.refusal(scope) is not None:
             return None
         try:
-            payload = loads_request(body)
-        except (RequestJSONError, ValueError):
+            payload = parse_body(body, (_header(headers, b"content-type") or b"").decode("latin-1"))
+        except APIError:
             return None
-        if not isinstance(payload, dict) or not PIPELINE_LOCK.acquire(blocking=False):
+        if not PIPELINE_LOCK.acquire(blocking=False):
             return None
         path = scope["path"]
-        request_id = accepted_request_id(_header(scope["headers"], _REQUEST_ID))
+        request_id = accepted_request_id(_header(headers, _REQUEST_ID))
         token = set_request_id(request_id)
         start = time.perf_counter()
         try:
@@ -137,9 +138,3 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
         elif name == b"transfer-encoding":
             return None
     return length
-
-
-def _json_content(headers: list[tuple[bytes, bytes]]) -> bool:
-    """No Content-Type, or a JSON one (as the lean routes accept)."""
-    content_type = _header(headers, b"content-type")
-    return content_type is None or b"json" in content_type

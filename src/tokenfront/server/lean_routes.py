@@ -36,7 +36,7 @@ from tokenfront.server.responses import JSONBytesResponse, RequestJSONError, loa
 if typing.TYPE_CHECKING:
     from tokenfront.server.direct import DirectAnswer
 
-__all__ = ["INLINE_BODY_BYTES", "LeanRoute", "json_body", "raw_body"]
+__all__ = ["INLINE_BODY_BYTES", "LeanRoute", "json_body", "parse_body", "raw_body"]
 
 _JSON_KEY = "tokenfront.json_body"
 _RAW_KEY = "tokenfront.raw_body"
@@ -125,7 +125,7 @@ def _content_type(request: Request) -> str:
 
 def _decode(model: type[_Model], body: bytes, content_type: str) -> tuple[Any, _Model]:
     """The body parsed, and validated by `model`; the 400 for a body that is neither."""
-    payload = _parse(body, content_type)
+    payload = parse_body(body, content_type)
     try:
         return payload, model.model_validate(payload)
     except ValidationError as exc:
@@ -148,7 +148,9 @@ def _decode_large(model: type[_Model], body: bytes, content_type: str) -> tuple[
             gc.enable()
 
 
-def _parse(body: bytes, content_type: str) -> Any:
+def parse_body(body: bytes, content_type: str) -> dict[str, Any]:
+    """A lean route's body as a JSON object; the 400 (APIError) for one that is not JSON, or not an object, or
+    sent with another content type."""
     if content_type and "json" not in content_type:
         # curl's plain `-d` sends a form content type: say which header is missing.
         raise APIError(

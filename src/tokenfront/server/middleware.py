@@ -61,14 +61,10 @@ class AuthAndMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        needs_key = self._key is not None and path not in OPEN_PATHS
-        admin_write = self.admin is not None and self.admin.guards(scope["method"], path)
-        if needs_key or admin_write:
-            refusal = self._refusal(scope, needs_key=needs_key, admin_write=admin_write)
-            if refusal is not None:
-                await refusal(scope, receive, send)
-                return
+        refusal = self.refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
         start = time.perf_counter()
         status = 500
 
@@ -85,17 +81,17 @@ class AuthAndMetrics:
             route = scope.get("route")
             self.metrics.observe(getattr(route, "path", "unmatched"), status, time.perf_counter() - start)
 
-    def admits(self, scope: Scope) -> bool:
-        """Whether the request has the key its path needs (what `__call__` checks before answering)."""
-        needs_key = self._key is not None and scope["path"] not in OPEN_PATHS
-        admin_write = self.admin is not None and self.admin.guards(scope["method"], scope["path"])
-        return (
-            not (needs_key or admin_write)
-            or self._refusal(scope, needs_key=needs_key, admin_write=admin_write) is None
-        )
+    def refusal(self, scope: Scope) -> Response | None:
+        """The 401 or 403 for a request that lacks the key its path needs (None: it has it, or needs none).
+        `__call__` answers with it; the direct lane (`server.direct`) leaves a refused request to `__call__`."""
+        path = scope["path"]
+        needs_key = self._key is not None and path not in OPEN_PATHS
+        admin_write = self.admin is not None and self.admin.guards(scope["method"], path)
+        if not (needs_key or admin_write):
+            return None
+        return self._refusal(scope, needs_key=needs_key, admin_write=admin_write)
 
     def _refusal(self, scope: Scope, *, needs_key: bool, admin_write: bool) -> Response | None:
-        """The 401 or 403 for a request that lacks the key it needs (None: it has it)."""
         token = _bearer_token(scope)
         # Both keys are compared whatever the first gives: the time taken must not tell which one matched.
         admitted = _matches(token, self._admin_key)

@@ -3,9 +3,9 @@
 Rendering runs a chat template (a client's own too, with --allow-request-chat-template: up to the template
 time limit of core/template_limits.py) and the tokenizer; derendering reads output ids through the
 tokenizer. CPU work that must not hold the event loop for long, or /health and every other request would
-wait for it. The pipeline serves one call at a time (`PIPELINE_LOCK`, which the direct lane of
-`server.direct` takes too: the transformers tokenizer changes its
-own settings per call, so two threads must not tokenize at once). A small request with the checkpoint's
+wait for it. The pipeline serves one call at a time (`PIPELINE_LOCK`, which the direct lane of `server.direct`
+takes too: the transformers tokenizer changes its own settings per call, so two threads must not tokenize at
+once). A small request with the checkpoint's
 template renders in well under a millisecond: it runs right on the loop when the pipeline is free, saving the
 hop to a thread (tens of microseconds, more than many renders take). Everything else — a client's template, a
 large body, or any call while another is running — goes to the render thread, one per process, and is
