@@ -75,7 +75,7 @@ from tokenfront.renderer.routes import (
     tokenize_response,
 )
 from tokenfront.server.errors import APIError, validation_error
-from tokenfront.server.lean_routes import _parse
+from tokenfront.server.lean_routes import parse_body
 
 _REFERENCE_PATH = Path(__file__).resolve().parent.parent / "core" / "reference.py"
 
@@ -582,7 +582,7 @@ def _as_served(body: dict[str, Any], model: type[BaseModel]) -> tuple[Any, dict[
     """The body as a lean route takes it: JSON bytes, parsed strictly, validated by the route's model (its
     pydantic errors answered as the route answers them, an APIError)."""
     raw = json.dumps(body, ensure_ascii=False).encode("utf-8")
-    parsed = _parse(raw, _JSON_CONTENT_TYPE)
+    parsed = parse_body(raw, _JSON_CONTENT_TYPE)
     try:
         request = model.model_validate(parsed)
     except ValidationError as exc:
