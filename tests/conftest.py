@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -65,9 +66,15 @@ class ServerProcess:
 
 
 def start_server(
-    args: list[str], *, log_dir: Path, env: dict[str, str] | None = None, timeout: float = 120.0
+    args: list[str],
+    *,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 120.0,
+    verify: ssl.SSLContext | None = None,
 ) -> ServerProcess:
-    """Run `python -m tokenfront.cli ARGS --host 127.0.0.1 --port P` and wait until /health answers."""
+    """Run `python -m tokenfront.cli ARGS --host 127.0.0.1 --port P` and wait until /health answers (over
+    HTTPS, checked with `verify`, when given: a server started with --ssl-certfile)."""
     port = free_port()
     log_path = log_dir / f"server-{port}.log"
     command = [sys.executable, "-m", "tokenfront.cli", *args, "--host", "127.0.0.1", "--port", str(port)]
@@ -75,13 +82,14 @@ def start_server(
         process = subprocess.Popen(
             command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-    server = ServerProcess(process, f"http://127.0.0.1:{port}", log_path)
+    scheme = "http" if verify is None else "https"
+    server = ServerProcess(process, f"{scheme}://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
         try:
-            if httpx.get(f"{server.url}/health", timeout=1.0).status_code == 200:
+            if httpx.get(f"{server.url}/health", timeout=1.0, verify=verify or True).status_code == 200:
                 return server
         except httpx.HTTPError:
             pass

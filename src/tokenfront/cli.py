@@ -102,7 +102,27 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
         "id (off by default: at thousands of requests a second it costs CPU and floods the log; GET /metrics "
         "counts requests by route, status and latency)",
     )
+    _add_tls_arguments(group)
     _add_connection_arguments(group)
+
+
+def _add_tls_arguments(group: Any) -> None:
+    """HTTPS and client certificates on every server (tokenfront.tls)."""
+    group.add_argument(
+        "--ssl-certfile",
+        metavar="PATH",
+        help="serve HTTPS with this certificate (PEM; the chain after it); with --ssl-keyfile unless the file "
+        "holds the key too (default: plain HTTP)",
+    )
+    group.add_argument(
+        "--ssl-keyfile", metavar="PATH", help="the certificate's private key (PEM, unencrypted)"
+    )
+    group.add_argument(
+        "--ssl-ca-certs",
+        metavar="PATH",
+        help="mutual TLS: every client must present a certificate signed by a CA of this PEM bundle (needs "
+        "--ssl-certfile)",
+    )
 
 
 def _add_connection_arguments(group: Any) -> None:
@@ -218,6 +238,7 @@ def _serve(app: Any, args: argparse.Namespace, sock: Any, port: int, *, workers:
             shutdown_timeout=args.shutdown_timeout,
             connection_limits=_connection_limits(args),
             sock=sock,
+            tls=args.tls,
         )
     finally:
         # Collectable again before the interpreter exits, so native objects (torch's triton bindings) are freed
@@ -383,6 +404,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         shutdown_timeout=args.shutdown_timeout,
         connection_limits=_connection_limits(args),
+        tls=args.tls,
         on_ready=ready,
     )
     return 0
@@ -455,6 +477,11 @@ def _run_route(args: argparse.Namespace) -> int:
     _check_admin_api_key(args)
     _check_render_processes(args)
     policy_options = _policy_options(args)
+    from tokenfront.tls import ClientTls
+
+    worker_tls = ClientTls.from_flags(
+        args.worker_ca_certs, args.worker_certfile, args.worker_keyfile, prefix="--worker-"
+    )
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     port = int(sock.getsockname()[1])
     from tokenfront.core.render import RenderPipeline
@@ -492,6 +519,7 @@ def _run_route(args: argparse.Namespace) -> int:
             max_response_bytes=args.max_response_bytes,
             max_connections=args.max_connections_per_worker,
             worker_api_key=args.worker_api_key,
+            worker_tls=worker_tls,
         ),
         listen=(args.host, port),
         worker_allow=WorkerAllowList.of(args.worker_allow) if args.worker_allow else None,
@@ -891,6 +919,20 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("TOKENFRONT_WORKER_API_KEY"),
         help="sent to workers as `Authorization: Bearer KEY` (default: $TOKENFRONT_WORKER_API_KEY)",
     )
+    group.add_argument(
+        "--worker-ca-certs",
+        metavar="PATH",
+        help="verify https:// workers against the CA certificates of this PEM bundle alone (default: the "
+        "system's trust, certifi's bundle or $SSL_CERT_FILE); a worker whose certificate fails is kept out of "
+        "the active set, the reason in GET /workers",
+    )
+    group.add_argument(
+        "--worker-certfile",
+        metavar="PATH",
+        help="client certificate (PEM) shown to https:// workers that ask for one (mutual TLS: a worker "
+        "started with --ssl-ca-certs); with --worker-keyfile unless the file holds the key too",
+    )
+    group.add_argument("--worker-keyfile", metavar="PATH", help="the client certificate's private key (PEM)")
     admin = parser.add_argument_group("admin API (who may change the fleet)")
     admin.add_argument(
         "--admin-api-key",
@@ -1112,6 +1154,19 @@ def _add_check_parser(commands: Any) -> None:
         help="seconds each request may take; a server that takes longer could not be checked (default: 10)",
     )
     parser.add_argument(
+        "--ca-certs",
+        metavar="PATH",
+        help="verify https:// servers against the CA certificates of this PEM bundle alone (default: the "
+        "system's trust, certifi's bundle or $SSL_CERT_FILE)",
+    )
+    parser.add_argument(
+        "--certfile",
+        metavar="PATH",
+        help="client certificate (PEM) shown to servers that ask for one (mutual TLS); with --keyfile unless "
+        "the file holds the key too",
+    )
+    parser.add_argument("--keyfile", metavar="PATH", help="the client certificate's private key (PEM)")
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print the report as one JSON document instead of the table (exit_code, result, corpus, renderer, "
@@ -1133,6 +1188,7 @@ def _server_url(text: str) -> str:
 def _run_check(args: argparse.Namespace) -> int:
     from tokenfront import check
     from tokenfront.router.workers import worker_identity
+    from tokenfront.tls import ClientTls
 
     _check_api_key(args.api_key, "--api-key", "TOKENFRONT_API_KEY")
     _check_api_key(args.worker_api_key, "--worker-api-key", "TOKENFRONT_WORKER_API_KEY")
@@ -1150,6 +1206,7 @@ def _run_check(args: argparse.Namespace) -> int:
         worker_api_key=args.worker_api_key,
         timeout=args.timeout,
         json=args.json,
+        tls=ClientTls.from_flags(args.ca_certs, args.certfile, args.keyfile, prefix="--"),
     )
     return check.run_check(settings)
 
@@ -1290,6 +1347,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_format = getattr(args, "log_format", "text")
     configure_logging(getattr(args, "log_level", "info"), log_format)
     try:
+        if hasattr(args, "ssl_certfile"):  # a server: its certificate files load before anything else
+            from tokenfront.tls import ServerTls
+
+            args.tls = ServerTls.from_flags(args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs)
         return int(args.handler(args) or 0)
     except TokenfrontError as exc:
         if log_format == "json":  # every line JSON, this one too: a record at ERROR, its message the one line

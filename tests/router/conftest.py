@@ -56,9 +56,10 @@ class Fleet:
         self.log_dir = log_dir
         self.started: list[Any] = []
 
-    def start(self, *args: str) -> Any:
-        """`tokenfront ARGS... --host 127.0.0.1 --port <free>`, once /health answers."""
-        server = self._root.start_server(list(args), log_dir=self.log_dir, timeout=240.0)
+    def start(self, *args: str, verify: Any = None) -> Any:
+        """`tokenfront ARGS... --host 127.0.0.1 --port <free>`, once /health answers (over HTTPS checked with
+        the SSL context `verify`, when given)."""
+        server = self._root.start_server(list(args), log_dir=self.log_dir, timeout=240.0, verify=verify)
         self.started.append(server)
         return server
 

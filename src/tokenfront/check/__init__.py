@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TextIO
 
 import httpx
@@ -19,6 +19,7 @@ from tokenfront.check.compare import AGREES, UNCHECKED, Verdict, compare_worker,
 from tokenfront.check.fetch import ServerReport, fetch_server
 from tokenfront.check.report import format_table, to_json
 from tokenfront.probe_corpus import PROBE_CASES, ProbeCase
+from tokenfront.tls import ClientTls
 
 __all__ = [
     "EXIT_AGREE",
@@ -75,6 +76,8 @@ class CheckSettings:
     timeout: float = 10.0
     json: bool = False
     cases: tuple[ProbeCase, ...] = PROBE_CASES
+    # How https:// servers are verified (`--ca-certs`) and the client certificate shown (`--certfile`).
+    tls: ClientTls = field(default_factory=ClientTls)
 
 
 def exit_code(verdicts: Sequence[Verdict]) -> int:
@@ -92,7 +95,7 @@ def run_check(settings: CheckSettings, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     names = [case.name for case in settings.cases]
     worker_key = settings.worker_api_key if settings.worker_api_key is not None else settings.api_key
-    with httpx.Client(timeout=settings.timeout) as client:
+    with httpx.Client(timeout=settings.timeout, verify=settings.tls.context()) as client:
         reference = fetch_server(
             client, "renderer", settings.renderer, settings.cases, api_key=settings.api_key
         )

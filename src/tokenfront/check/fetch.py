@@ -16,6 +16,7 @@ import httpx
 
 from tokenfront.core.fingerprint import Fingerprint
 from tokenfront.probe_corpus import ProbeCase, refusal_message, token_ids
+from tokenfront.tls import describe_tls_failure
 
 # Statuses that mean "this route is not here" rather than "this request was refused".
 _NO_ROUTE = frozenset({404, 405})
@@ -151,6 +152,9 @@ def _send(
         report.problem = f"unreachable: {method} {path} failed ({type(exc).__name__}" + (
             f": {detail})" if detail else ")"
         )
+        advice = describe_tls_failure(exc, ca_flag="--ca-certs")
+        if advice:
+            report.problem += f"; {advice}"
         return None
 
 

@@ -27,6 +27,8 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from tokenfront.tls import describe_tls_failure
+
 # A proxied answer's head may be this large, and a chunk-size or trailer line this long; the body is read as
 # it comes.
 _MAX_HEAD_BYTES = 64 * 1024
@@ -37,9 +39,12 @@ _READ_HIGH_WATER = 256 * 1024
 
 
 def describe_error(exc: BaseException) -> str:
-    """A short name for a connection-level error, with its message when it has one."""
+    """A short name for a connection-level error, with its message when it has one, and what to do when it is a
+    failed TLS handshake."""
     message = str(exc).strip()
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    described = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    advice = describe_tls_failure(exc, ca_flag="--worker-ca-certs")
+    return f"{described}; {advice}" if advice else described
 
 
 class WorkerTransportError(Exception):
@@ -479,6 +484,7 @@ class WorkerConnections:
         keepalive_expiry: float,
         headers: Mapping[str, str] | None = None,
         idle_timeout: float | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(url)
         https = parts.scheme == "https"
@@ -487,7 +493,7 @@ class WorkerConnections:
         self.idle_timeout = timeout if idle_timeout is None else idle_timeout
         self._host = parts.hostname or "localhost"
         self._port = parts.port or (443 if https else 80)
-        self._ssl: ssl.SSLContext | None = httpx.create_ssl_context() if https else None
+        self._ssl: ssl.SSLContext | None = (ssl_context or httpx.create_ssl_context()) if https else None
         self._prefix = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~").encode("ascii")
         fixed = {"host": parts.netloc.rpartition("@")[2], **(headers or {})}
         for name, value in fixed.items():

@@ -23,11 +23,13 @@ import dataclasses
 import ipaddress
 import logging
 import re
+import ssl
 import time
 import unicodedata
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import idna
@@ -40,6 +42,7 @@ from tokenfront.router.generate import GENERATE_PATH
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies.base import WorkerLoad
 from tokenfront.router.probe import NO_PROBER, Prober, ProbeResult, ProbeUnreachable
+from tokenfront.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -513,6 +516,9 @@ class PoolSettings:
     # Sent to workers as `Authorization: Bearer KEY` (`--worker-api-key`); the router's own `--api-key`, which
     # guards its clients' requests, is the app's, never sent on.
     worker_api_key: str | None = None
+    # How HTTPS workers are verified, and the client certificate shown to those that ask (`--worker-ca-certs`,
+    # `--worker-certfile`, `--worker-keyfile`); the system's trust when None.
+    worker_tls: ClientTls | None = None
 
     @property
     def key_for_workers(self) -> str | None:
@@ -567,6 +573,7 @@ class WorkerPool:
         """
         self.kv_index = kv_index
         self.settings = settings
+        self._tls_context: ssl.SSLContext | None = None
         self.on_change = on_change
         self.prober = prober
         self.router_id = router_id
@@ -701,7 +708,15 @@ class WorkerPool:
             max_keepalive_connections=_CHECK_CONNECTIONS,
             keepalive_expiry=_KEEPALIVE_EXPIRY,
         )
-        return httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits, headers=self._headers())
+        return httpx.AsyncClient(
+            base_url=url, timeout=timeout, limits=limits, headers=self._headers(), verify=self._ssl_context()
+        )
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        """The one client context of every HTTPS worker (checks and proxied requests alike)."""
+        if self._tls_context is None:
+            self._tls_context = (self.settings.worker_tls or ClientTls()).context()
+        return self._tls_context
 
     def _connections(self, url: str) -> WorkerConnections:
         """The pool of the proxied requests."""
@@ -714,6 +729,7 @@ class WorkerPool:
             max_connections=settings.max_connections,
             keepalive_expiry=_KEEPALIVE_EXPIRY,
             headers=self._headers(),
+            ssl_context=self._ssl_context() if urlsplit(url).scheme == "https" else None,
         )
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:

@@ -35,6 +35,7 @@ from tokenfront.server.connection_limits import ConnectionLimits
 from tokenfront.server.logs import adopt_library_handlers
 from tokenfront.server.open_files import fit_open_file_limit
 from tokenfront.server.process import DEFAULT_SHUTDOWN_TIMEOUT
+from tokenfront.tls import ServerTls
 
 __all__ = ["run_fleet"]
 
@@ -56,6 +57,7 @@ def run_fleet(
     access_log: bool = False,
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     connection_limits: ConnectionLimits | None = None,
+    tls: ServerTls | None = None,
     on_ready: Callable[[list[str]], None] | None = None,
 ) -> None:
     """Serve `apps[i]` on `sockets[i]` (bound, not listening) until SIGTERM or SIGINT, all on one event loop.
@@ -63,7 +65,7 @@ def run_fleet(
     `connection_limits` bound every connection, `max_connections` counting those of all the servers (the
     defaults when None). `on_ready` is called with the base URLs, in the apps' order, once every server
     listens. Returns after every server has shut down gracefully (in-flight requests get `shutdown_timeout`
-    seconds).
+    seconds). `tls`: every server serves HTTPS with it (`tokenfront.tls`).
     """
     if len(apps) != len(sockets):
         raise ValueError(f"{len(apps)} apps for {len(sockets)} sockets: give one socket per app")
@@ -90,6 +92,7 @@ def run_fleet(
             timeout_keep_alive=cast(int, limits.keep_alive_timeout),  # annotated int; any number works
             loop="auto",
             http=cast("type[asyncio.Protocol]", protocol),  # a factory works as a class does
+            **(tls.uvicorn_options() if tls is not None else {}),
         )
         members.append(_Member(config, shutdown_timeout, getattr(app, "drain", None)))
     adopt_library_handlers()
@@ -176,7 +179,8 @@ async def _refresh_date_headers(members: list[_Member], signalled: asyncio.Event
 
 def _url(config: uvicorn.Config) -> str:
     host = str(config.host)
-    return f"http://{f'[{host}]' if ':' in host else host}:{config.port}"
+    scheme = "https" if config.is_ssl else "http"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{config.port}"
 
 
 def _new_event_loop() -> asyncio.AbstractEventLoop:

@@ -54,6 +54,7 @@ from tokenfront.core.errors import TokenfrontError
 from tokenfront.server.connection_limits import ConnectionLimits
 from tokenfront.server.logs import adopt_library_handlers
 from tokenfront.server.open_files import fit_open_file_limit
+from tokenfront.tls import ServerTls
 
 __all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "MULTIPROC_DIR_ENV", "bind_socket", "prepare_workers", "run_server"]
 
@@ -126,6 +127,7 @@ def run_server(
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     connection_limits: ConnectionLimits | None = None,
     sock: socket.socket | None = None,
+    tls: ServerTls | None = None,
 ) -> None:
     """Serve `app` until SIGTERM or SIGINT; in-flight requests get `shutdown_timeout` seconds to finish.
 
@@ -134,7 +136,7 @@ def run_server(
     `server.logs.configure_logging` set up, and says whether uvicorn keeps its own log handlers (text).
     `connection_limits` bound every connection of every process (`server.http_protocol`; the defaults when
     None); the open-file limit is raised to fit them first (`server.open_files`), which the pre-fork children
-    inherit.
+    inherit. `tls`: serve HTTPS (`tokenfront.tls`, checked at start-up); plain HTTP when None.
     """
     if sock is None:
         sock = bind_socket(host, port, reuse_port=workers > 1)
@@ -165,6 +167,7 @@ def run_server(
         # a factory works as a class does.
         loop="auto",
         http=cast("type[asyncio.Protocol]", bounded_protocol(limits, direct)),
+        **(tls.uvicorn_options() if tls is not None else {}),
     )
     adopt_library_handlers()  # the checkpoint's libraries are imported by now
     if workers <= 1:
@@ -190,7 +193,8 @@ class _Server(uvicorn.Server):
         await super().startup(sockets=sockets)
         if self.started and self.announce:  # uvicorn says nothing of sockets it was given
             host = self.config.host
-            log.info("serving on http://%s:%d", f"[{host}]" if ":" in host else host, self.config.port)
+            scheme = "https" if self.config.is_ssl else "http"
+            log.info("serving on %s://%s:%d", scheme, f"[{host}]" if ":" in host else host, self.config.port)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.drain is not None:
@@ -219,7 +223,8 @@ class _PreforkServer:
         try:
             for _ in range(self.workers):
                 self._spawn(sock)
-            log.info("serving on http://%s:%d with %d worker processes", *self._address(), self.workers)
+            scheme = "https" if self.config.is_ssl else "http"
+            log.info("serving on %s://%s:%d with %d worker processes", scheme, *self._address(), self.workers)
             log.info("metrics of the worker processes are kept in %s", os.environ.get(MULTIPROC_DIR_ENV))
             self._supervise(sock)
         finally:
