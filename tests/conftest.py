@@ -105,6 +105,12 @@ def launch() -> Callable[..., ServerProcess]:
     return start_server
 
 
+@pytest.fixture(scope="session")
+def pick_port() -> Callable[[], int]:
+    """`free_port`, as a fixture (for a server's second port: a ZMQ endpoint, say), importable from any folder."""
+    return free_port
+
+
 @pytest.fixture
 def server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     """Start tokenfront servers for one test; every one is stopped afterwards."""

@@ -274,6 +274,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     _check_model_folder(args.model)
     _apply_limits(args)
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
+    publisher = _kv_event_publisher(args)
     # The worker runs the model: torch is imported here on purpose (no torch guard, unlike `render`).
     from tokenfront.core.render import RenderPipeline
     from tokenfront.worker.app import create_worker_app
@@ -310,8 +311,37 @@ def _run_serve(args: argparse.Namespace) -> int:
     app = create_worker_app(
         pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes, show_paths=args.show_paths
     )
-    _serve(app, args, sock, args.port)
+    _serve_worker(app, args, sock, engine, publisher)
     return 0
+
+
+def _kv_event_publisher(args: argparse.Namespace) -> Any:
+    """The ZMQ publisher of --kv-events-endpoint, its sockets bound now (before loading), or None."""
+    if args.kv_events_endpoint is None:
+        if args.kv_events_replay_endpoint is not None:
+            raise TokenfrontError("--kv-events-replay-endpoint needs --kv-events-endpoint (the PUB socket)")
+        return None
+    from tokenfront.worker.zmq_events import ZmqEventPublisher, check_endpoint
+
+    endpoint = check_endpoint(args.kv_events_endpoint, "--kv-events-endpoint")
+    replay = args.kv_events_replay_endpoint
+    if replay is not None:
+        replay = check_endpoint(replay, "--kv-events-replay-endpoint")
+    publisher = ZmqEventPublisher(endpoint, replay_endpoint=replay, buffer_steps=args.kv_events_buffer)
+    log.info("publishing KV events on %s%s", endpoint, f" (replay on {replay})" if replay else "")
+    return publisher
+
+
+def _serve_worker(app: Any, args: argparse.Namespace, sock: Any, engine: Any, publisher: Any) -> None:
+    """Serve a worker; its KV events go to the ZMQ publisher too when there is one (closed at the end)."""
+    if publisher is None:
+        _serve(app, args, sock, args.port)
+        return
+    publisher.publish_from(engine.events)
+    try:
+        _serve(app, args, sock, args.port)
+    finally:
+        publisher.close()
 
 
 # The transformers engine's defaults for the engine flags the simulated engine takes too; the simulated
@@ -335,6 +365,7 @@ def _run_serve_simulated(args: argparse.Namespace) -> int:
     gpu = _check_simulated_options(args)
     _apply_limits(args)
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
+    publisher = _kv_event_publisher(args)
     from tokenfront.core.render import RenderPipeline
     from tokenfront.worker.app import create_worker_app
     from tokenfront.worker.engines.simulated import SimulatedEngine
@@ -352,7 +383,7 @@ def _run_serve_simulated(args: argparse.Namespace) -> int:
     app = create_worker_app(
         pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes, show_paths=args.show_paths
     )
-    _serve(app, args, sock, args.port)
+    _serve_worker(app, args, sock, engine, publisher)
     return 0
 
 
@@ -1255,6 +1286,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_render_arguments(serve)
     _add_server_arguments(serve, default_port=8000)
     _add_engine_arguments(serve)
+    events = serve.add_argument_group("KV events on ZMQ (vLLM's wire format: worker/zmq_events.py)")
+    events.add_argument(
+        "--kv-events-endpoint",
+        metavar="ENDPOINT",
+        help="also publish the prefix cache's events on a ZMQ PUB socket bound here (tcp://*:5557, "
+        "tcp://HOST:PORT or ipc://PATH), as vLLM's --kv-events-config publisher does: a router reads it with "
+        "--worker URL,kv-events=tcp://HOST:5557 (default: off; GET /kv_cache_events serves them either way)",
+    )
+    events.add_argument(
+        "--kv-events-replay-endpoint",
+        metavar="ENDPOINT",
+        help="a ZMQ ROUTER socket bound here replays buffered batches from a sequence number (the router's "
+        "kv-replay=; needs --kv-events-endpoint)",
+    )
+    events.add_argument(
+        "--kv-events-buffer",
+        type=_positive_int,
+        default=10_000,
+        metavar="BATCHES",
+        help="batches kept for replay (default: 10000)",
+    )
     serve.set_defaults(handler=_run_serve)
 
     simulate = commands.add_parser(

@@ -23,7 +23,7 @@ import itertools
 import threading
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 DEFAULT_MAX_EVENTS = 10_000
@@ -41,6 +41,13 @@ class KvEventLog:
         # Names this log's life: a reader that sees another log_id knows the worker restarted and its
         # sequence numbers started over.
         self.log_id = uuid.uuid4().hex
+        self._taps: list[Callable[[dict[str, Any]], object]] = []
+
+    def tap(self, receive: Callable[[dict[str, Any]], object]) -> None:
+        """Hand every event written from now on to `receive` as well, in order (`worker.zmq_events`): called
+        under the log's lock, so it must only hand the event on (a queue's put)."""
+        with self._lock:
+            self._taps.append(receive)
 
     @property
     def last_seq(self) -> int:
@@ -104,5 +111,8 @@ class KvEventLog:
     def _append(self, event: dict[str, Any]) -> int:
         with self._lock:
             self._last_seq += 1
-            self._events.append({"seq": self._last_seq, **event})
+            entry = {"seq": self._last_seq, **event}
+            self._events.append(entry)
+            for receive in self._taps:
+                receive(entry)
             return self._last_seq
