@@ -10,7 +10,7 @@ RENDER_PORT ?= 8100
 
 .PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-http bench-router \
 	bench-prefill bench-routing bench-robustness bench-kv-decision bench-connections bench-health-latency \
-	bench-simulated-fleet bench-fleet peer-vllm compare-vllm compare-vllm-protocol clean
+	bench-simulated-fleet bench-fleet peer-vllm compare-vllm compare-vllm-protocol compare-vllm-kv-events clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,11 @@ compare-vllm: install-test
 compare-vllm-protocol: install-test
 	$(BIN)/tokenfront fixtures --only qwen3
 	$(BIN)/python -m benchmarks.compare_vllm_protocol --vllm $(VLLM_PEER)
+
+# A tokenfront worker's ZMQ KV events decoded by vLLM 0.33's own KVEventBatch decoder (needs `make peer-vllm`; not CI).
+compare-vllm-kv-events: install-test
+	$(BIN)/tokenfront fixtures --only qwen3
+	$(BIN)/python -m benchmarks.compare_vllm_kv_events --vllm $(VLLM_PEER)
 
 # The router's own added latency over a direct worker call.
 bench-router: install-test
