@@ -12,11 +12,16 @@ with its three feeds attached:
 
 A policy hashes a prompt once (``core.kv_blocks.block_hash_array``) and asks for every candidate at once
 (``matched_blocks``): one walk of the prompt's blocks, whatever the number of workers.
+
+How fresh each worker's feed is (``feed_activity``, for ``/metrics``): when its last answer or batch was
+applied, how late a ZMQ batch arrived after its own timestamp, and how often the index dropped what it knew.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tokenfront.router.fleet_blocks import (
@@ -27,9 +32,31 @@ from tokenfront.router.fleet_blocks import (
     Location,
 )
 from tokenfront.router.tokenfront_feed import TokenfrontFeed
+from tokenfront.router.vllm_events import parse_vllm_batch
 from tokenfront.router.vllm_feed import VllmFeed
 
-__all__ = ["DEFAULT_MAX_BLOCKS_PER_WORKER", "DEFAULT_ROUTED_TTL_S", "DEVICE", "KvIndex", "Location"]
+__all__ = [
+    "DEFAULT_MAX_BLOCKS_PER_WORKER",
+    "DEFAULT_ROUTED_TTL_S",
+    "DEVICE",
+    "FeedActivity",
+    "KvIndex",
+    "Location",
+]
+
+
+@dataclass(frozen=True)
+class FeedActivity:
+    """One worker's KV event feed as last seen: which feed, seconds since it last applied something (the
+    ``http`` feed, ``GET /kv_cache_events``, is read every ``--kv-events-interval`` even when nothing is new; on
+    the ``zmq`` feed, vLLM's wire, a worker publishes only when its cache changes), for ``zmq`` the seconds
+    between the last batch's own timestamp and its application (two machines' wall clocks), and the times the
+    index dropped the worker's blocks (restarts, missed events, a worker clearing its cache)."""
+
+    feed: str  # "http" (GET /kv_cache_events) or "zmq" (vLLM's KVEventBatch)
+    seconds_since_applied: float
+    publish_lag: float | None
+    resets: int
 
 
 class KvIndex(FleetBlocks):
@@ -38,6 +65,8 @@ class KvIndex(FleetBlocks):
 
     # The feeds, made on first use (so the constructor is FleetBlocks' own, settings and all).
     _attached: tuple[TokenfrontFeed, VllmFeed] | None = None
+    # Per worker: (feed, the index's clock at the last application, a ZMQ batch's lag); made on first use too.
+    _applied: dict[str, tuple[str, float, float | None]] | None = None
 
     @property
     def _feeds(self) -> tuple[TokenfrontFeed, VllmFeed]:
@@ -55,6 +84,7 @@ class KvIndex(FleetBlocks):
         ``after=tokenfront_cursor(worker)``.
         """
         self._feeds[0].apply(worker, payload)
+        self._note_applied(worker, "http", None)
 
     def tokenfront_cursor(self, worker: str) -> int:
         """The ``after`` for the next ``GET /kv_cache_events`` read of this worker (0 to start)."""
@@ -62,7 +92,25 @@ class KvIndex(FleetBlocks):
 
     def apply_vllm_batch(self, worker: str, batch: object) -> None:
         """Apply one vLLM ``KVEventBatch`` (a ``VllmEventBatch``, its msgpack bytes or its decoded form)."""
-        self._feeds[1].apply(worker, batch)
+        parsed = parse_vllm_batch(batch)
+        self._feeds[1].apply(worker, parsed)
+        self._note_applied(worker, "zmq", time.time() - parsed.ts)
+
+    def _note_applied(self, worker: str, feed: str, publish_lag: float | None) -> None:
+        with self.lock:
+            if self._applied is None:
+                self._applied = {}
+            self._applied[worker] = (feed, self._clock(), publish_lag)
+
+    def feed_activity(self) -> dict[str, FeedActivity]:
+        """Each worker's feed (module docstring), for the workers whose events the index has applied."""
+        with self.lock:
+            now = self._clock()
+            return {
+                worker: FeedActivity(feed, now - applied_at, lag, self._workers[worker].resets)
+                for worker, (feed, applied_at, lag) in (self._applied or {}).items()
+                if worker in self._workers
+            }
 
     def reset(self, worker: str) -> None:
         """Drop every block known of the worker (it restarted, or events were lost); keep its event state."""
@@ -76,6 +124,8 @@ class KvIndex(FleetBlocks):
             super().forget(worker)
             for feed in self._feeds:
                 feed.forget(worker)
+            if self._applied is not None:
+                self._applied.pop(worker, None)
 
     def stats(self) -> dict[str, Any]:
         """``FleetBlocks.stats`` with each worker's tokenfront event cursor and log id."""

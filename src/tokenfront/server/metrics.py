@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from tokenfront.server.process import MULTIPROC_DIR_ENV
+from tokenfront.server.render_thread import render_thread_collectors
 
 __all__ = ["CONTENT_TYPE_LATEST", "MULTIPROC_DIR_ENV", "ServerMetrics", "exposition"]
 
@@ -20,8 +21,8 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 class ServerMetrics:
-    """The metrics every server has: requests by route and status, latency, rendered prompts and tokens, and
-    which requests the direct lane answered."""
+    """The metrics every server has: requests by route and status, latency, rendered prompts and tokens,
+    which requests the direct lane answered, and the render thread's queue (`server.render_thread`)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -50,6 +51,9 @@ class ServerMetrics:
             ["route"],
             registry=self.registry,
         )
+        # The process's one render thread: its metrics are in every app's registry.
+        for collector in render_thread_collectors():
+            self.registry.register(collector)
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self._direct: dict[str, Counter] = {}
         self._rendered: dict[str, tuple[Counter, Counter]] = {}

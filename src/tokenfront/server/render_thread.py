@@ -17,6 +17,11 @@ queued, so those wait for at most the one call running, never for a queue of cli
 templates get no thread of their own: they would tokenize while the render thread does (see the lock), and a
 client template's text may take its tokenizer seconds. The renderer's routes, the derender routes, the
 worker's and the router's all run pipeline work through `render_off_loop`.
+
+Saturation shows in two metrics of the render thread (`render_thread_collectors`, in every server's registry):
+`tokenfront_render_queued`, the calls waiting for it to start them now, and `tokenfront_render_wait_seconds`, how long each
+call waited before it started (its queue and the pipeline lock). Renders run on the loop wait for nothing and
+are not counted: they start only when the pipeline is free.
 """
 
 from __future__ import annotations
@@ -28,36 +33,54 @@ import itertools
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from fastapi import Request
+from prometheus_client import Gauge, Histogram
+from prometheus_client.registry import Collector
 
 from tokenfront.server.lean_routes import INLINE_BODY_BYTES, raw_body
 
-__all__ = ["INLINE_BODY_BYTES", "PIPELINE_LOCK", "render_off_loop"]
+__all__ = ["INLINE_BODY_BYTES", "PIPELINE_LOCK", "render_off_loop", "render_thread_collectors"]
 
 _T = TypeVar("_T")
 
 PIPELINE_LOCK = threading.Lock()
 # Queue order: the checkpoint's template before a request's own; first come, first served within each.
 _CHECKPOINT_TEMPLATE, _REQUEST_TEMPLATE = 0, 1
+_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_Queued = tuple[int, int, float, Callable[[], Any], Future[Any]]  # priority, order, perf_counter at submit
 
 
 class _RenderThread:
     """One thread running queued calls one at a time under the pipeline lock, lowest priority number first.
 
-    Started on first use, and again in a process forked after that (a thread does not survive a fork).
+    Started on first use, and again in a process forked after that (a thread does not survive a fork). Its
+    metrics are the process's, like the thread: not in any registry until a server's registry takes them.
     """
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._pid: int | None = None
-        self._queue: queue.PriorityQueue[tuple[int, int, Callable[[], Any], Future[Any]]] = (
-            queue.PriorityQueue()
-        )
+        self._queue: queue.PriorityQueue[_Queued] = queue.PriorityQueue()
         self._order = itertools.count()
+        # livesum: with --workers N, the calls waiting in every live process, added up.
+        self.queued = Gauge(
+            "tokenfront_render_queued",
+            "Calls waiting for the render thread to start them (rendering or derendering)",
+            registry=None,
+            multiprocess_mode="livesum",
+        )
+        self.wait = Histogram(
+            "tokenfront_render_wait_seconds",
+            "Seconds a call waited for the render thread before it started (renders run on the event loop "
+            "wait for nothing and are not counted)",
+            registry=None,
+            buckets=_WAIT_BUCKETS,
+        )
 
     def submit(self, priority: int, call: Callable[[], _T]) -> Future[_T]:
         """Queue `call`; its future has the result (or the exception it raised)."""
@@ -69,17 +92,20 @@ class _RenderThread:
                     target=self._run, args=(self._queue,), name="tokenfront-render", daemon=True
                 ).start()
                 self._pid = os.getpid()
-            self._queue.put((priority, next(self._order), call, future))
+            self.queued.inc()
+            self._queue.put((priority, next(self._order), time.perf_counter(), call, future))
         return future
 
-    @staticmethod
-    def _run(calls: queue.PriorityQueue[tuple[int, int, Callable[[], Any], Future[Any]]]) -> None:
+    def _run(self, calls: queue.PriorityQueue[_Queued]) -> None:
         while True:
-            _, _, call, future = calls.get()
+            _, _, queued_at, call, future = calls.get()
             if not future.set_running_or_notify_cancel():
+                self.queued.dec()
                 continue  # its caller went away (a client that disconnected) before it started
             try:
-                with PIPELINE_LOCK:
+                with PIPELINE_LOCK:  # a call waiting for the lock (held by a render on the loop) still waits
+                    self.queued.dec()
+                    self.wait.observe(time.perf_counter() - queued_at)
                     result = call()
             except BaseException as exc:  # handed to the awaiting request
                 future.set_exception(exc)
@@ -88,6 +114,11 @@ class _RenderThread:
 
 
 _RENDER_THREAD = _RenderThread()
+
+
+def render_thread_collectors() -> tuple[Collector, ...]:
+    """The render thread's metrics (module docstring), for a server's registry to register."""
+    return (_RENDER_THREAD.queued, _RENDER_THREAD.wait)
 
 
 async def render_off_loop(
