@@ -1,4 +1,4 @@
-"""Every link in README.md and docs/*.md stays inside the repository and resolves.
+"""Every link in README.md, CHANGELOG.md and docs/*.md stays inside the repository and resolves.
 
 A relative link (or image) must name a file or folder that exists under the repository root, and a `#anchor`
 must name a heading of its target as GitHub slugs it (lowercase, punctuation dropped, spaces to hyphens, `-1`,
@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1")
