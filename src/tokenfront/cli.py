@@ -1371,12 +1371,17 @@ def _add_logging_arguments(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group("logging")
     if "--log-level" not in parser._option_string_actions:  # a command may have its own
+        # Only the servers have --access-log: a command's help names no flag it lacks (tests/docs).
+        quieter = (
+            "; warning leaves out the start-up and --access-log lines too"
+            if "--access-log" in parser._option_string_actions
+            else ""
+        )
         group.add_argument(
             "--log-level",
             default="info",
             choices=LOG_LEVELS,
-            help="the least severe log lines written to stderr; warning leaves out the start-up and "
-            "--access-log lines too (default: info)",
+            help=f"the least severe log lines written to stderr{quieter} (default: info)",
         )
     if "--log-format" not in parser._option_string_actions:
         group.add_argument(

@@ -1578,7 +1578,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         action="extend",
         choices=_all_names(),
-        help="fetch only these fixtures (repeatable); default: all",
+        help="fetch only these fixtures: one or more names after --only (--only a b), and --only may be given "
+        "again to add more; default: all",
     )
     parser.add_argument(
         "--list",

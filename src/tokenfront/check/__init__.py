@@ -51,9 +51,10 @@ A worker agrees when nothing differs and something was shown:
     compared by its fingerprint only, and the report says the ids were not compared;
   - it publishes no fingerprint (vLLM) but has POST /tokenize: agreement on the corpus only, said as such
     (a router forwards ids to such a worker only with verify=probe).
-It differs when a fingerprint component differs, a fingerprint is incomplete (--trust-remote-code), a case's
-ids differ, or it refuses a case the renderer rendered. A worker with neither a fingerprint nor /tokenize
-is not shown to agree. A case the renderer refuses is skipped and not asked of the workers."""
+It differs when a fingerprint component differs, a fingerprint is incomplete (a server started with
+--trust-remote-code), a case's ids differ, or it refuses a case the renderer rendered. A worker with neither a
+fingerprint nor /tokenize is not shown to agree. A case the renderer refuses is skipped and not asked of the
+workers."""
 
 EPILOG = """\
 A client of the servers' HTTP APIs: it loads no model and never imports torch.
