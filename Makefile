@@ -24,6 +24,9 @@ install-test: $(BIN)/python
 	@command -v jq >/dev/null || (apt-get update -qq && apt-get install -y -qq jq) || echo "jq not installed: the shell recipe test will be skipped"
 	@(test -x /usr/bin/chromium && test -x /usr/bin/chromedriver) || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) \
 		|| echo "chromium not installed: the inspector's browser test will be skipped"
+# promtool and prometheus, for tests/monitoring/ (the alerting rules, and a real Prometheus scraping real servers)
+	@command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus) \
+		|| echo "prometheus not installed: the monitoring tests will be skipped (under CI they fail)"
 
 fixtures: install
 	$(BIN)/tokenfront fixtures

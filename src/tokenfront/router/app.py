@@ -28,6 +28,7 @@ from tokenfront.core.render import RenderPipeline
 from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.router.bounded_render import BoundedRender, RenderSettings
+from tokenfront.router.fleet_metrics import FleetMetrics
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies import build_policy
@@ -140,6 +141,7 @@ def create_router_app(
     server_metrics = ServerMetrics()
     metrics = RouterMetrics(server_metrics.registry)
     routing_metrics = RoutingMetrics(server_metrics.registry, policy, pool)
+    server_metrics.registry.register(FleetMetrics(pool, gate))
     pool.on_change = lambda: _reevaluate(pool, gate, metrics)
     proxy = Proxy(
         pipeline=pipeline,
