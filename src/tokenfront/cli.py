@@ -25,6 +25,7 @@ from tokenfront.server.limits import (
     DEFAULT_MAX_TOKENS_PER_REQUEST,
 )
 from tokenfront.server.process import DEFAULT_SHUTDOWN_TIMEOUT
+from tokenfront.server.tracing import ENDPOINT_ENV
 
 log = logging.getLogger("tokenfront")
 
@@ -101,6 +102,15 @@ def _add_server_arguments(parser: argparse.ArgumentParser, *, default_port: int)
         help="log a line per request when its answer ends: client, method, path, status, duration and request "
         "id (off by default: at thousands of requests a second it costs CPU and floods the log; GET /metrics "
         "counts requests by route, status and latency)",
+    )
+    group.add_argument(
+        "--otlp-traces-endpoint",
+        metavar="URL",
+        help="export OpenTelemetry traces over OTLP/HTTP to this URL, used as given (a collector's is "
+        "http://HOST:4318/v1/traces): a span per request, its render, the routing decision, the router's call to "
+        "its worker and the engine's generation, joined to the client's W3C traceparent and sent on to the "
+        f"worker; OTEL_SERVICE_NAME and OTEL_BSP_* apply; docs/tracing.md (default: ${ENDPOINT_ENV} when set, else "
+        "off)",
     )
     _add_tls_arguments(group)
     _add_connection_arguments(group)
@@ -191,6 +201,7 @@ def _run_render(args: argparse.Namespace) -> int:
     hide_torch()  # the renderer never runs a model: keep torch out even where it is installed
     _check_render_options(args)
     _apply_limits(args)
+    tracing = _start_tracing(args, "renderer")
     # Before loading anything: a port already taken fails now.
     sock = bind_socket(args.host, args.port, reuse_port=args.workers > 1)
     from tokenfront.core.render import RenderPipeline
@@ -209,7 +220,11 @@ def _run_render(args: argparse.Namespace) -> int:
         pipeline.backend.name,
     )
     app = create_renderer_app(
-        pipeline, api_key=args.api_key, max_body_bytes=args.max_body_bytes, show_paths=args.show_paths
+        pipeline,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        show_paths=args.show_paths,
+        tracing=tracing,
     )
     with _finishing_background_work(pipeline):
         _serve(app, args, sock, args.port, workers=args.workers)
@@ -246,6 +261,20 @@ def _serve(app: Any, args: argparse.Namespace, sock: Any, port: int, *, workers:
         gc.unfreeze()
 
 
+def _start_tracing(args: argparse.Namespace, role: str) -> Any:
+    """The server's `server.tracing.Tracing` with --otlp-traces-endpoint, or $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+    (OpenTelemetry is imported only then), else None; a URL that cannot work is a TokenfrontError in one line."""
+    from tokenfront.server.tracing import configured_endpoint, start_tracing
+
+    configured = configured_endpoint(args.otlp_traces_endpoint)
+    if configured is None:
+        return None
+    endpoint, source = configured
+    tracing = start_tracing(endpoint, role, source)
+    log.info("exporting traces to %s", endpoint)
+    return tracing
+
+
 def _connection_limits(args: argparse.Namespace) -> ConnectionLimits:
     """The connection flags every server shares, as `ConnectionLimits` (each flag is named for its field)."""
     return ConnectionLimits(
@@ -273,6 +302,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     _check_no_simulated_options(args)
     _check_model_folder(args.model)
     _apply_limits(args)
+    tracing = _start_tracing(args, "worker")
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     publisher = _kv_event_publisher(args)
     # The worker runs the model: torch is imported here on purpose (no torch guard, unlike `render`).
@@ -309,7 +339,12 @@ def _run_serve(args: argparse.Namespace) -> int:
         engine.info.tokens_per_block,
     )
     app = create_worker_app(
-        pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes, show_paths=args.show_paths
+        pipeline,
+        engine,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        show_paths=args.show_paths,
+        tracing=tracing,
     )
     _serve_worker(app, args, sock, engine, publisher)
     return 0
@@ -364,6 +399,7 @@ def _run_serve_simulated(args: argparse.Namespace) -> int:
 
     gpu = _check_simulated_options(args)
     _apply_limits(args)
+    tracing = _start_tracing(args, "worker")
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     publisher = _kv_event_publisher(args)
     from tokenfront.core.render import RenderPipeline
@@ -381,7 +417,12 @@ def _run_serve_simulated(args: argparse.Namespace) -> int:
         gpu.tokens_per_block,
     )
     app = create_worker_app(
-        pipeline, engine, api_key=args.api_key, max_body_bytes=args.max_body_bytes, show_paths=args.show_paths
+        pipeline,
+        engine,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        show_paths=args.show_paths,
+        tracing=tracing,
     )
     _serve_worker(app, args, sock, engine, publisher)
     return 0
@@ -394,6 +435,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     hide_torch()
     gpu = _check_simulated_options(args)
     _apply_limits(args)
+    tracing = _start_tracing(args, "worker")  # one exporter for every worker of the fleet
     sockets = _bind_fleet_ports(args.host, args.port, args.workers)  # before loading anything
     from tokenfront.core.render import RenderPipeline
     from tokenfront.server.fleet import run_fleet
@@ -410,6 +452,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             max_body_bytes=args.max_body_bytes,
             show_paths=args.show_paths,
+            tracing=tracing,
         )
         for _ in sockets
     ]
@@ -508,6 +551,7 @@ def _run_route(args: argparse.Namespace) -> int:
     _check_admin_api_key(args)
     _check_render_processes(args)
     policy_options = _policy_options(args)
+    tracing = _start_tracing(args, "router")
     from tokenfront.tls import ClientTls
 
     worker_tls = ClientTls.from_flags(
@@ -575,6 +619,7 @@ def _run_route(args: argparse.Namespace) -> int:
         admin_api_key=args.admin_api_key,
         max_body_bytes=args.max_body_bytes,
         show_paths=args.show_paths,
+        tracing=tracing,
     )
     with _finishing_background_work(pipeline):
         _serve(app, args, sock, port)

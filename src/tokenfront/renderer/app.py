@@ -21,6 +21,7 @@ from tokenfront.renderer.routes import render_router
 from tokenfront.server.app import create_app, pipeline_info
 from tokenfront.server.inspector import inspector_router
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
+from tokenfront.server.tracing import Tracing
 
 
 def create_renderer_app(
@@ -29,9 +30,10 @@ def create_renderer_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     show_paths: bool = False,
+    tracing: Tracing | None = None,
 ) -> FastAPI:
     """The renderer: the render routes plus the common routes, with role `renderer` (`show_paths`: the
-    checkpoint's paths on `/server_info`)."""
+    checkpoint's paths on `/server_info`; `tracing`: its spans, `server.tracing`)."""
     app = create_app(
         role="renderer",
         title="tokenfront renderer",
@@ -40,9 +42,10 @@ def create_renderer_app(
         api_key=api_key,
         max_body_bytes=max_body_bytes,
         show_paths=show_paths,
+        tracing=tracing,
     )
     app.state.pipeline = pipeline
-    app.include_router(render_router())
+    app.include_router(render_router(tracing))
     app.include_router(derender_router())
     app.include_router(inspector_router())
     return app

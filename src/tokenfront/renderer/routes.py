@@ -43,6 +43,7 @@ from tokenfront.server.models import check_model
 from tokenfront.server.render_thread import render_off_loop
 from tokenfront.server.request_ids import chat_request_id, completion_request_id
 from tokenfront.server.responses import JSONBytesResponse, dumps
+from tokenfront.server.tracing import PROMPT_TOKENS, Tracing
 
 __all__ = [
     "RENDER_PATHS",
@@ -211,21 +212,28 @@ def _facts(app: FastAPI) -> _PipelineFacts:
     return facts
 
 
-def render_router() -> APIRouter:
-    """The render routes; they use the pipeline on `app.state.pipeline`."""
+def render_router(tracing: Tracing | None = None) -> APIRouter:
+    """The render routes; they use the pipeline on `app.state.pipeline`. With `tracing`, the chat and
+    completions renders are `render` spans (chosen here, once: nothing is checked per request)."""
     router = APIRouter(tags=["render"], route_class=LeanRoute)
+    chat_answer, completion_answer = _chat_answer, _completion_answer
+    if tracing is not None:
+        chat_answer = _answer_of(tracing.traced("render", render_chat_response, _chat_span), "chat")
+        completion_answer = _answer_of(
+            tracing.traced("render", render_completion_response, _completion_span), "completion"
+        )
 
     @router.post("/v1/chat/completions/render", summary="Render a chat request into prompt token ids")
     async def render_chat(request: ChatCompletionRequest, raw: Request) -> Response:
         content = await render_off_loop(
-            raw, request, _chat_answer, raw.app, request, json_body(raw), raw_body(raw)
+            raw, request, chat_answer, raw.app, request, json_body(raw), raw_body(raw)
         )
         return JSONBytesResponse(content)
 
     @router.post("/v1/completions/render", summary="Render a completions request into prompt token ids")
     async def render_completion(request: CompletionRequest, raw: Request) -> Response:
         content = await render_off_loop(
-            raw, request, _completion_answer, raw.app, request, json_body(raw), raw_body(raw)
+            raw, request, completion_answer, raw.app, request, json_body(raw), raw_body(raw)
         )
         return JSONBytesResponse(content)
 
@@ -292,8 +300,8 @@ def render_router() -> APIRouter:
         check_model(request.model, pipeline.served_model_names)
         return JSONBytesResponse(DetokenizeResponse(prompt=pipeline.detokenize(request.tokens)).model_dump())
 
-    _offer_direct(router, "/v1/chat/completions/render", ChatCompletionRequest, _chat_answer)
-    _offer_direct(router, "/v1/completions/render", CompletionRequest, _completion_answer)
+    _offer_direct(router, "/v1/chat/completions/render", ChatCompletionRequest, chat_answer)
+    _offer_direct(router, "/v1/completions/render", CompletionRequest, completion_answer)
     return router
 
 
@@ -309,6 +317,32 @@ def _completion_answer(app: FastAPI, request: CompletionRequest, body: dict[str,
     content, items = render_completion_response(app.state.pipeline, request, body, raw)
     app.state.metrics.count_rendered("completion", len(items), sum(len(item.token_ids) for item in items))
     return content
+
+
+def _answer_of(render: Callable[..., tuple[bytes, Any]], kind: str) -> Callable[..., bytes]:
+    """`_chat_answer` (`kind` chat) or `_completion_answer` (completion) on another render function: the
+    traced one."""
+
+    def answer(app: FastAPI, request: Any, body: dict[str, Any], raw: bytes) -> bytes:
+        content, rendered = render(app.state.pipeline, request, body, raw)
+        items = [rendered] if kind == "chat" else rendered
+        app.state.metrics.count_rendered(kind, len(items), sum(len(item.token_ids) for item in items))
+        return content
+
+    return answer
+
+
+def _chat_span(answer: tuple[bytes, RenderedPrompt]) -> dict[str, Any]:
+    return {"tokenfront.render.kind": "chat", PROMPT_TOKENS: len(answer[1].token_ids)}
+
+
+def _completion_span(answer: tuple[bytes, list[RenderedPrompt]]) -> dict[str, Any]:
+    items = answer[1]
+    return {
+        "tokenfront.render.kind": "completion",
+        "tokenfront.prompts": len(items),
+        PROMPT_TOKENS: sum(len(item.token_ids) for item in items),
+    }
 
 
 _Body = TypeVar("_Body", bound=BaseModel)

@@ -58,6 +58,7 @@ from tokenfront.server.errors import error_response
 from tokenfront.server.inspector import inspector_router
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 from tokenfront.server.metrics import ServerMetrics
+from tokenfront.server.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,13 @@ def create_router_app(
     admin_api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     show_paths: bool = False,
+    tracing: Tracing | None = None,
 ) -> FastAPI:
     """The router: proxied inference routes, render routes, `/workers`, and the common routes (role router).
 
     `pipeline` None is a router without a tokenizer: it routes by load only and never forwards ids.
-    `admin_api_key` opens the admin writes (`POST`/`DELETE /workers`); None: they are off.
+    `admin_api_key` opens the admin writes (`POST`/`DELETE /workers`); None: they are off. `tracing`: its
+    spans (`server.tracing`), each worker call's context sent on in `traceparent`.
     TokenfrontError (one line) when two `settings.workers` are one worker, one is the router itself, one is
     outside `settings.worker_allow`, or there are more than `settings.max_workers`; and when render processes
     are asked for without a pipeline. The render processes start with the app's lifespan, before it serves.
@@ -152,6 +155,7 @@ def create_router_app(
         routing_metrics=routing_metrics,
         served_model_names=settings.served_model_names,
         render=settings.render,
+        tracing=tracing,
     )
     app = create_app(
         role="router",
@@ -163,6 +167,7 @@ def create_router_app(
         metrics=server_metrics,
         admin=AdminAccess(ADMIN_PATHS, admin_api_key),
         show_paths=show_paths,
+        tracing=tracing,
     )
     app.state.pipeline = pipeline
     app.state.pool = pool
@@ -174,7 +179,7 @@ def create_router_app(
     app.state.max_workers = settings.max_workers
     app.include_router(inference_router())
     app.include_router(workers_router())
-    app.include_router(render_router() if pipeline is not None else render_unavailable_router())
+    app.include_router(render_router(tracing) if pipeline is not None else render_unavailable_router())
     app.include_router(derender_router())
     app.include_router(inspector_router())  # its workers; a router with a tokenizer renders there too
     app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers, proxy.renders)

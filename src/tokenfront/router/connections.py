@@ -516,11 +516,13 @@ class WorkerConnections:
         *,
         request_id: str | None = None,
         head_timeout: float | None = None,
+        trace_headers: bytes = b"",
     ) -> WorkerResponse:
         """POST `body` to `path` and return once the answer's head arrived; WorkerTransportError on failure
         (ReadTimeout when the head took longer than `head_timeout` seconds, default `timeout`).
 
-        `request_id` goes as `X-Request-Id` (an id `server.request_ids` accepted: printable ASCII, no spaces).
+        `request_id` goes as `X-Request-Id` (an id `server.request_ids` accepted: printable ASCII, no spaces);
+        `trace_headers` are header lines already framed (`server.tracing`'s `traceparent`, `tracestate`).
 
         A kept-alive connection that fails before any byte of the answer (other than by a timeout) was one the
         worker had closed meanwhile: the request goes again on a fresh connection.
@@ -533,6 +535,7 @@ class WorkerConnections:
                 b" HTTP/1.1\r\n",
                 self._fixed_headers,
                 b"x-request-id: %s\r\n" % request_id.encode("ascii") if request_id is not None else b"",
+                trace_headers,
                 b"content-type: ",
                 content_type.encode("latin-1"),
                 b"\r\ncontent-length: ",

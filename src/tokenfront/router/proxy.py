@@ -51,7 +51,7 @@ import sys
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -100,6 +100,10 @@ from tokenfront.server.lean_routes import raw_body as request_body
 from tokenfront.server.models import check_model
 from tokenfront.server.request_ids import current_request_id
 from tokenfront.server.sse import SSE_DONE, sse_event
+from tokenfront.server.tracing import PROMPT_TOKENS, Tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +240,11 @@ class Proxy:
         served_model_names: Sequence[str],
         render: RenderSettings | None = None,
         routing_metrics: RoutingMetrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.pipeline = pipeline
+        # With it: `render`, `route` and a client span per worker call, whose context goes on in `traceparent`.
+        self.tracing = tracing
         # Every render for a plan goes through it (None: no pipeline, nothing to render with).
         self.renders = (
             BoundedRender(
@@ -386,7 +393,13 @@ class Proxy:
         forwarded body is built with it, when the gate is open and the request may be forwarded."""
         if self.renders is None:
             return RenderOutcome(None, "no_render")
-        return await self.renders.render(raw, request, with_body=with_body and self.gate.state.forwarding)
+        with_body = with_body and self.gate.state.forwarding
+        if self.tracing is None:
+            return await self.renders.render(raw, request, with_body=with_body)
+        with self.tracing.span("render") as span:
+            outcome = await self.renders.render(raw, request, with_body=with_body)
+            span.set_attributes(_render_span(outcome))
+        return outcome
 
     def _unchanged(
         self,
@@ -472,7 +485,13 @@ class Proxy:
                 raise _ClientLeft  # while a lost worker's attempt was being given up
             worker, load, decision = choice
             tried.add(worker.url)
-            outcome = await self._attempt(worker, load, plan, interrupt, decision)
+            call = plan.call_for(worker)
+            if self.tracing is None:
+                outcome = await self._attempt(worker, load, plan, call, interrupt, decision)
+            else:
+                outcome = await self._traced_attempt(
+                    self.tracing, worker, load, plan, call, interrupt, decision
+                )
             if isinstance(outcome, Response):
                 return outcome
             if outcome.final:
@@ -521,15 +540,84 @@ class Proxy:
             return None
         loads = [worker.load() for worker in candidates.values()]
         started = time.perf_counter()
-        routing = self.policy.route(loads, plan.target)
+        if self.tracing is None:
+            routing = self.policy.route(loads, plan.target)
+        else:
+            routing = self._traced_route(self.tracing, loads, plan)
         chosen = routing.worker
         return candidates[chosen.url], chosen, _Decision(routing, time.perf_counter() - started)
 
-    async def _attempt(
-        self, worker: Worker, load: WorkerLoad, plan: Plan, interrupt: _Interrupt, decision: _Decision
+    def _traced_route(self, tracing: Tracing, loads: list[WorkerLoad], plan: Plan) -> Routing:
+        """The policy's decision, as a `route` span: the policy, the candidates, the worker chosen, the cached
+        tokens it predicts there (policies that look at caches), and whether the router's ids go."""
+        attributes: dict[str, Any] = {
+            "tokenfront.policy": self.policy.name,
+            "tokenfront.candidates": len(loads),
+            "tokenfront.forwarded": plan.forwarded,
+        }
+        if plan.reason is not None:
+            attributes["tokenfront.not_forwarded_reason"] = plan.reason
+        with tracing.span("route", attributes) as span:
+            routing = self.policy.route(loads, plan.target)
+            span.set_attribute("tokenfront.worker", routing.worker.url)
+            if routing.predicted_cached_tokens is not None:
+                span.set_attribute("tokenfront.predicted_cached_tokens", routing.predicted_cached_tokens)
+        return routing
+
+    async def _traced_attempt(
+        self,
+        tracing: Tracing,
+        worker: Worker,
+        load: WorkerLoad,
+        plan: Plan,
+        call: _Call,
+        interrupt: _Interrupt,
+        decision: _Decision,
     ) -> Response | _Failure:
-        """One worker's try: its answer, or why to try another worker. Until the first byte for the client
-        (the whole answer, or a stream's first event), a health check finding the worker gone ends the wait."""
+        """`_attempt` inside a client span, whose context the worker is sent in `traceparent`. The span ends
+        with the attempt's answer: a relayed stream's when the stream does."""
+        span = tracing.client_span(
+            f"POST {call.path}",
+            {
+                "http.request.method": "POST",
+                "url.full": worker.url + call.path,
+                "tokenfront.worker": worker.url,
+                "tokenfront.forwarded": call.forwarded,
+            },
+        )
+        try:
+            outcome = await self._attempt(
+                worker, load, plan, call, interrupt, decision, trace_headers=tracing.trace_headers(span)
+            )
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.end()
+            raise
+        if isinstance(outcome, _Failure):
+            tracing.failed(span, outcome.reason)
+            span.end()
+            return outcome
+        span.set_attribute("http.response.status_code", outcome.status_code)
+        if isinstance(outcome, _RelayResponse):
+            outcome.span = span
+        else:
+            span.end()
+        return outcome
+
+    async def _attempt(
+        self,
+        worker: Worker,
+        load: WorkerLoad,
+        plan: Plan,
+        call: _Call,
+        interrupt: _Interrupt,
+        decision: _Decision,
+        *,
+        trace_headers: bytes = b"",
+    ) -> Response | _Failure:
+        """One worker's try (`call`, the plan's for this worker): its answer, or why to try another worker. Until the first byte for the client
+        (the whole answer, or a stream's first event), a health check finding the worker gone ends the wait.
+        `trace_headers`: the W3C trace context to send on (`_traced_attempt`)."""
         worker.active_requests += 1
         worker.routed += 1
         started = time.perf_counter()
@@ -538,7 +626,6 @@ class Proxy:
         self.routing_metrics.decided(
             decision.routing, plan.target, decision.seconds + time.perf_counter() - started
         )
-        call = plan.call_for(worker)
         if call.forwarded != plan.forwarded:
             self.metrics.not_forwarded.labels("generate_unsupported").inc()
         settings = self.pool.settings
@@ -553,7 +640,11 @@ class Proxy:
         try:
             # The client's request id goes on: one id finds the request in the router's and the worker's logs.
             response = await worker.connections.post(
-                call.path, call.body, request_id=current_request_id(), head_timeout=head_timeout
+                call.path,
+                call.body,
+                request_id=current_request_id(),
+                head_timeout=head_timeout,
+                trace_headers=trace_headers,
             )
             if plan.stream and response.status_code == 200:
                 stage = "stream"
@@ -738,6 +829,7 @@ class _RelayResponse(StreamingResponse):
         super().__init__(self._chunks(first), status_code=response.status_code, headers=headers)
         self.proxy, self.worker, self.load, self.plan, self.response = proxy, worker, load, plan, response
         self.call, self.source, self.decision = call, source, decision
+        self.span: Span | None = None  # the worker call's client span (`Proxy._traced_attempt`), ended here
         self._done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -799,6 +891,10 @@ class _RelayResponse(StreamingResponse):
             self._done = True
             self.response.close()
             self.proxy._finish(self.worker, self.load, self.plan, self.call, ok=ok)
+            if self.span is not None:
+                if not ok:
+                    self.span.set_attribute("tokenfront.stream_complete", False)
+                self.span.end()
 
 
 class _ChunkSource(Protocol):
@@ -817,6 +913,18 @@ class _Decision(NamedTuple):
 
     routing: Routing
     seconds: float
+
+
+def _render_span(outcome: RenderOutcome) -> dict[str, Any]:
+    """The router's `render` span: the prompt ids it routes by (every prompt's), or why it has none."""
+    rendered = outcome.rendered
+    if rendered is None or rendered.prompts is None:
+        return {"tokenfront.render.outcome": outcome.reason or "no_render"}
+    return {
+        "tokenfront.render.outcome": "ok",
+        "tokenfront.prompts": len(rendered.prompts),
+        PROMPT_TOKENS: sum(len(prompt.token_ids) for prompt in rendered.prompts),
+    }
 
 
 def _is_stream(headers: dict[str, str]) -> bool:

@@ -27,6 +27,7 @@ from tokenfront.server.middleware import AuthAndMetrics
 from tokenfront.server.models import ModelNames, models_body
 from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.server.shutdown import Drain
+from tokenfront.server.tracing import Tracing
 
 __all__ = [
     "PATH_INFO_KEYS",
@@ -59,6 +60,8 @@ class TokenfrontApp(FastAPI):
     """
 
     lean_front: ASGIApp | None = None
+    # Its spans (`server.tracing`, `--otlp-traces-endpoint`); None: the app traces nothing.
+    tracing: Tracing | None = None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -111,13 +114,15 @@ def create_app(
     metrics: ServerMetrics | None = None,
     admin: AdminAccess | None = None,
     show_paths: bool = False,
+    tracing: Tracing | None = None,
 ) -> TokenfrontApp:
     """A FastAPI app with the routes every tokenfront server has (docs/contract.md §6): `/health`, `/server_info`,
     `/v1/models`, `/metrics`, OpenAPI at `/openapi.json`, `/docs` and `/redoc` (their files served by the app);
     OpenAI-shaped errors; Bearer auth on everything but `/health` and the inspector's static files; a body size
     limit (413). `metrics` lets a server register its own metrics in the app's registry before the app exists;
     `admin` gives its admin paths and their key (`server.admin_auth`); `show_paths` keeps the checkpoint's
-    paths in `/server_info` (`--show-paths`; else `without_paths`)."""
+    paths in `/server_info` (`--show-paths`; else `without_paths`); `tracing` its spans (`server.tracing`: a
+    server span per request, and the direct lane off)."""
     app = TokenfrontApp(
         title=title,
         version=__version__,
@@ -128,6 +133,7 @@ def create_app(
         default_response_class=JSONBytesResponse,
     )
     metrics = metrics or ServerMetrics()
+    app.tracing = tracing
     app.state.metrics = metrics
     app.state.role = role
     app.state.started = time.time()

@@ -15,7 +15,8 @@ a request's own chat template, an invalid body) or that raises (an unknown model
 usual path then gives the error), the pipeline busy on another call, a client not reading its answers (the
 transport's writes paused), or a server shutting down. The direct function must therefore be pure: what it
 does is done again on the usual path when it declines or raises. With `--access-log` the lane is off (every
-request takes the path that writes the line). The renderer and the worker's render routes have the lane; the
+request takes the path that writes the line), and so it is with `--otlp-traces-endpoint` (every request takes
+the path that makes its spans). The renderer and the worker's render routes have the lane; the
 router's do not (its loop guard stands in front of them), and it renders for routing in-process anyway.
 """
 
@@ -65,10 +66,11 @@ class DirectLane:
 
     @classmethod
     def of(cls, app: TokenfrontApp) -> DirectLane | None:
-        """The app's lane; None when it has no direct routes, or when its lean routes have another layer in
-        front of the key check (the router's loop guard): then they all take the usual path."""
+        """The app's lane; None when it has no direct routes, when its lean routes have another layer in
+        front of the key check (the router's loop guard), or when it traces: then they all take the usual
+        path."""
         front = app.lean_front
-        if not app.direct_routes or type(front) is not AuthAndMetrics:
+        if not app.direct_routes or type(front) is not AuthAndMetrics or app.tracing is not None:
             return None
         return cls(app, front)
 

@@ -24,6 +24,7 @@ from tokenfront.server.request_ids import (
 
 if TYPE_CHECKING:
     from tokenfront.server.metrics import ServerMetrics
+    from tokenfront.server.tracing import Tracing
 
 __all__ = ["AuthAndMetrics", "RequestIdLayer"]
 
@@ -132,14 +133,21 @@ class RequestIdLayer:
     request id while the request is answered (log lines carry it; the router sends it on to its worker), and
     every answer returns it in `X-Request-Id`: errors, 503s at shutdown and streams included. The access line
     is written when the answer has ended (a stream's last chunk): client, method, path, status, duration.
+
+    An app that traces (`TokenfrontApp.tracing`, `server.tracing`) answers each request inside its server span,
+    and exports what is buffered when its lifespan ends (a pre-forked child leaves without the exit hooks).
     """
 
     def __init__(self, app: ASGIApp, *, access_log: bool = False) -> None:
         self.app = app
         self.access_log = access_log
+        self.tracing: Tracing | None = getattr(app, "tracing", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if self.tracing is not None and scope["type"] == "lifespan":
+                await self.app(scope, receive, _flushing_at_shutdown(send, self.tracing))
+                return
             await self.app(scope, receive, send)
             return
         sent = next((value for name, value in scope["headers"] if name == _REQUEST_ID_HEADER), None)
@@ -161,11 +169,25 @@ class RequestIdLayer:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            if self.tracing is None:
+                await self.app(scope, receive, send_with_id)
+            else:
+                await self.tracing.serve(self.app, scope, receive, send_with_id, request_id)
         finally:
             if self.access_log:
                 _log_access(scope, status, time.perf_counter() - start)
             reset_request_id(token)
+
+
+def _flushing_at_shutdown(send: Send, tracing: Tracing) -> Send:
+    """The lifespan's `send`, exporting the spans still buffered before the app says its shutdown is done."""
+
+    async def send_flushed(message: Message) -> None:
+        if message["type"] == "lifespan.shutdown.complete":
+            tracing.flush()
+        await send(message)
+
+    return send_flushed
 
 
 def _log_access(scope: Scope, status: int, seconds: float) -> None:

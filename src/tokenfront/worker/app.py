@@ -24,6 +24,7 @@ from tokenfront.server.app import create_app, pipeline_info
 from tokenfront.server.errors import APIError
 from tokenfront.server.inspector import inspector_router
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
+from tokenfront.server.tracing import Tracing
 from tokenfront.worker.engine import Engine
 from tokenfront.worker.metrics import WorkerMetrics
 from tokenfront.worker.routes import kv_events_router, worker_router
@@ -47,11 +48,13 @@ def create_worker_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     enable_render_endpoints: bool | None = None,
     show_paths: bool = False,
+    tracing: Tracing | None = None,
 ) -> FastAPI:
     """The worker: inference routes on `engine`, common routes, and the render routes when enabled.
 
     `enable_render_endpoints` None reads TOKENFRONT_ENABLE_RENDER_ENDPOINTS; `show_paths`: the checkpoint's
-    paths on `/server_info`. The engine is started and stopped with the app (its lifespan).
+    paths on `/server_info`; `tracing`: its spans (`server.tracing`). The engine is started and stopped with
+    the app (its lifespan).
     """
 
     def worker_info() -> dict[str, Any]:
@@ -76,15 +79,16 @@ def create_worker_app(
         api_key=api_key,
         max_body_bytes=max_body_bytes,
         show_paths=show_paths,
+        tracing=tracing,
     )
     app.state.pipeline = pipeline
-    service = WorkerService(pipeline, engine, WorkerMetrics(app.state.metrics, engine))
+    service = WorkerService(pipeline, engine, WorkerMetrics(app.state.metrics, engine), tracing=tracing)
     app.state.service = service
     app.state.engine = engine
     app.include_router(worker_router())
     app.include_router(kv_events_router())
     if enabled:
-        app.include_router(render_router())
+        app.include_router(render_router(tracing))
         app.include_router(derender_router())
         app.include_router(inspector_router())  # the page at `/` renders through these routes
     else:

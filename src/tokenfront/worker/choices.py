@@ -13,6 +13,7 @@ from starlette.requests import Request
 from tokenfront.core.output import ChoiceParser, FinishedChoice, OutputDelta
 from tokenfront.server.disconnect import unless_disconnected
 from tokenfront.server.errors import APIError
+from tokenfront.server.tracing import Attributes, Tracing
 from tokenfront.worker.engine import NO_TOKEN, Engine, GenerationRequest, TokenOutput
 from tokenfront.worker.metrics import WorkerMetrics
 
@@ -40,13 +41,34 @@ class ChoiceRun:
     engine: Engine
     metrics: WorkerMetrics
     route: str
+    tracing: Tracing | None = None  # with it, the sequence is a `generate` span (`server.tracing`)
     tokens: list[TokenOutput] = field(default_factory=list)
     cached_tokens: int = 0
+    finish_reason: str | None = None
     finished: bool = False
     _submitted: bool = False
 
-    async def events(self) -> AsyncIterator[ChoiceEvent]:
+    def events(self) -> AsyncIterator[ChoiceEvent]:
         """Run the sequence; yield an event whenever there is text to show, and a last one with the reason."""
+        if self.tracing is None:
+            return self._events()
+        request = self.request
+        attributes: Attributes = {
+            "gen_ai.request.id": request.request_id,
+            "gen_ai.usage.input_tokens": len(request.prompt_token_ids),
+            "gen_ai.request.max_tokens": request.params.max_tokens,
+        }
+        return self.tracing.traced_stream("generate", self._events(), attributes, self._span_end)
+
+    def _span_end(self) -> dict[str, int | list[str]]:
+        """The `generate` span's attributes known at its end."""
+        return {
+            "gen_ai.usage.output_tokens": len(self.tokens),
+            "tokenfront.cached_tokens": self.cached_tokens,
+            "gen_ai.response.finish_reasons": [self.finish_reason or "abort"],
+        }
+
+    async def _events(self) -> AsyncIterator[ChoiceEvent]:
         stream = self.engine.submit(self.request)
         self._submitted = True
         outputs = stream.__aiter__()
@@ -77,6 +99,7 @@ class ChoiceRun:
                 await outputs.aclose()  # type: ignore[attr-defined]
         self.finished = True
         delta.extend(self.parser.finish(finish))  # a stop string makes it "stop", calls "tool_calls"
+        self.finish_reason = delta.finish_reason
         self.metrics.sequences.labels(self.route, delta.finish_reason).inc()
         yield ChoiceEvent(self.index, delta, pending)
 

@@ -123,7 +123,11 @@ class GenerateService:
                 f"{engine_id}-{index}", ids, SamplingDefaults.for_choice(params, index), request.cache_salt
             )
             parser = ChoiceParser(output, service.tokenizer, context_ids=context)
-            runs.append(ChoiceRun(index, engine_request, parser, service.engine, service.metrics, ROUTE))
+            runs.append(
+                ChoiceRun(
+                    index, engine_request, parser, service.engine, service.metrics, ROUTE, service.tracing
+                )
+            )
         return _Generation(request, request_id, runs, output, include_reasoning)
 
     def _derender_config(

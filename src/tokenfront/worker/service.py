@@ -46,6 +46,7 @@ from tokenfront.server.render_thread import render_off_loop
 from tokenfront.server.request_ids import chat_request_id, completion_request_id
 from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.server.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
+from tokenfront.server.tracing import PROMPT_TOKENS, Tracing
 from tokenfront.worker.choices import ChoiceRun, collect_all, merged_events
 from tokenfront.worker.engine import Engine, GenerationRequest, SamplingParams
 from tokenfront.worker.metrics import WorkerMetrics
@@ -83,10 +84,19 @@ class _Plan:
 class WorkerService:
     """Turns OpenAI requests into engine sequences and engine output into OpenAI answers."""
 
-    def __init__(self, pipeline: RenderPipeline, engine: Engine, metrics: WorkerMetrics) -> None:
+    def __init__(
+        self,
+        pipeline: RenderPipeline,
+        engine: Engine,
+        metrics: WorkerMetrics,
+        *,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.engine = engine
         self.metrics = metrics
+        # With it, a request's prompt is a `render` span and each engine sequence a `generate` span.
+        self.tracing = tracing
         self.tokenizer = pipeline.tokenizer
         self.prompts = PromptBuilder(pipeline, metrics)
         # The engine knows the model's real limits; the config says the same for engines that do not tell.
@@ -123,8 +133,14 @@ class WorkerService:
         """POST /v1/chat/completions."""
         check_model(request.model, self.pipeline.served_model_names)
         forced = self.prompts.forced_tool(request)
+
         # Rendering may be long (a client's template, a large conversation): off the event loop then.
-        prompt = await render_off_loop(raw, request, lambda: self.prompts.chat(request, forced_tool=forced))
+        def prepare() -> PromptInput:
+            return self.prompts.chat(request, forced_tool=forced)
+
+        if self.tracing is not None:
+            prepare = self.tracing.traced("render", prepare, _prompt_span)
+        prompt = await render_off_loop(raw, request, prepare)
         logprobs = _chat_logprobs_count(request)
         max_tokens = request.max_completion_tokens or request.max_tokens
         params = self.sampling.params(request, len(prompt.token_ids), max_tokens, logprobs)
@@ -181,7 +197,10 @@ class WorkerService:
             )
         n = request.n or 1
         check_request_size(request.prompt_count, n)  # before any prompt is read
-        prompts = await render_off_loop(raw, request, self.prompts.completion, request)
+        prepare = self.prompts.completion
+        if self.tracing is not None:
+            prepare = self.tracing.traced("render", prepare, _prompts_span)
+        prompts = await render_off_loop(raw, request, prepare, request)
         request_id = completion_request_id()
         output = OutputConfig.for_completion(stop=request.stop, hidden_ids=self.sampling.eos_ids)
         all_params = [
@@ -238,7 +257,7 @@ class WorkerService:
         params = SamplingDefaults.for_choice(params, seed_offset)
         generation = GenerationRequest(f"{request_id}-{index}", prompt.token_ids, params, cache_salt)
         parser = ChoiceParser(output, self.tokenizer)
-        return ChoiceRun(index, generation, parser, self.engine, self.metrics, route)
+        return ChoiceRun(index, generation, parser, self.engine, self.metrics, route, self.tracing)
 
     async def _answer(self, plan: _Plan, raw: Request) -> JSONBytesResponse | StreamingResponse:
         for prompt in plan.prompts:
@@ -275,6 +294,20 @@ class WorkerService:
         except Exception as exc:  # headers are sent: the error can only be reported in the stream itself
             yield sse_event(stream_error(formatter.head.request_id, exc))
         yield SSE_DONE
+
+
+def _prompt_span(prompt: PromptInput) -> dict[str, Any]:
+    """A worker's `render` span: the prompt's ids, and whether it rendered them or was given them (then it
+    only checked them)."""
+    return {PROMPT_TOKENS: len(prompt.token_ids), "tokenfront.prompt_source": prompt.source}
+
+
+def _prompts_span(prompts: list[PromptInput]) -> dict[str, Any]:
+    return {
+        PROMPT_TOKENS: sum(len(prompt.token_ids) for prompt in prompts),
+        "tokenfront.prompts": len(prompts),
+        "tokenfront.prompt_source": sorted({prompt.source for prompt in prompts}),
+    }
 
 
 def _chat_logprobs_count(request: ChatCompletionRequest) -> int | None:
