@@ -19,12 +19,13 @@ import corpus
 import pytest
 import reference
 
-from tokenfront.core.checkpoint import load_tokenizer, tokenizer_source_file
+from tokenfront.core.checkpoint import load_tokenizer
 from tokenfront.core.errors import RenderError
 from tokenfront.core.families import mistral
 from tokenfront.core.fingerprint import tokenizer_components
 from tokenfront.core.render import RenderPipeline
 from tokenfront.core.tokenization import backend_for
+from tokenfront.core.tokenizer_files import tokenizer_source_file
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 

@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from typing import Any
 
-from tokenfront.core.checkpoint import has_vocabulary, release_freed_memory, tokenizer_json
+from tokenfront.core.tokenizer_files import (
+    has_vocabulary,
+    release_freed_memory,
+    tokenizer_json,
+    tokenizer_source_file,
+)
 
 try:  # a declared dependency; without it the (slower) standard library gives the same bytes
     import orjson
@@ -338,7 +343,7 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
     `model_file` is the sha256 of the bytes of the file the tokenizer was converted from (`tokenizer.model`,
     `*.tiktoken`, `tekken.json`: the ranks or pieces themselves, whatever a converter keeps of them); None
     for a tokenizer loaded from `tokenizer.json`, whose content `model` already is. The file's name is not
-    compared (`checkpoint.tokenizer_source_file` tells it, for `info`).
+    compared (`tokenizer_files.tokenizer_source_file` tells it, for `info`).
 
     Complete (no reasons) when both hold:
     - the class is transformers' own, not code loaded with `--trust-remote-code`;
@@ -347,7 +352,6 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
     Otherwise incomplete: a tokenizer with neither (e.g. a Python SentencePiece tokenizer without a fast
     conversion) cannot be told apart from another one with the same vocabulary.
     """
-    from tokenfront.core.checkpoint import tokenizer_source_file  # only this function needs it
 
     incomplete: list[str] = []
     cls = type(tokenizer)
@@ -428,7 +432,7 @@ def build_fingerprint(
 
     `chat_format`: what builds chat prompts instead of a template (Harmony, mistral-common), with its version;
     `tokenizer_part`: the tokenizer's components when the family identifies its tokenizer itself.
-    Never complete for a tokenizer with no vocabulary (`checkpoint.has_vocabulary`: only special tokens).
+    Never complete for a tokenizer with no vocabulary (`tokenizer_files.has_vocabulary`: only special tokens).
     """
     tokenizer_components_, incomplete = tokenizer_part or tokenizer_components(tokenizer)
     incomplete = list(incomplete)

@@ -12,14 +12,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfront.core.checkpoint import Checkpoint, load_checkpoint, tokenizer_source_file
+from tokenfront.core.checkpoint import Checkpoint, load_checkpoint
 from tokenfront.core.errors import CheckpointError, RenderError
 from tokenfront.core.families import ChatFormat, chat_format_for
-from tokenfront.core.fingerprint import Fingerprint, build_fingerprint
+from tokenfront.core.fingerprint import Fingerprint, build_fingerprint, prefetch_tokenizer_hashes
 from tokenfront.core.messages import normalize_messages
 from tokenfront.core.reasoning import ReasoningParser, get_reasoning_parser, reasoning_ended
 from tokenfront.core.templates import ChatTemplate, compile_template
 from tokenfront.core.tokenization import TokenizerBackend, backend_for
+from tokenfront.core.tokenizer_files import tokenizer_source_file
 from tokenfront.core.tool_calls import ToolCallParser, get_tool_call_parser
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
@@ -113,6 +114,9 @@ class RenderPipeline:
             trust_remote_code=options.trust_remote_code,
             tokenizer_mode=options.tokenizer_mode,
         )
+        if checkpoint.tokenizer_mode != "mistral":
+            # Hashing holds the GIL; building the fast backend next releases it: on two cores they overlap.
+            prefetch_tokenizer_hashes(checkpoint.tokenizer)
         return cls(checkpoint, options, build_backend_in_background=build_backend_in_background)
 
     def wait_until_ready(self, timeout: float | None = None) -> bool:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from operator import add
 from typing import Any, Literal, Protocol
 
-from tokenfront.core.checkpoint import forget_tokenizer_json, release_freed_memory, tokenizer_json
+from tokenfront.core.tokenizer_files import forget_tokenizer_json, release_freed_memory, tokenizer_json
 
 log = logging.getLogger(__name__)
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
-import string
 import types
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from tokenfront.core.output.harmony import parse_harmony
 from tokenfront.core.reasoning import UnknownParserError, lookup_parser
+from tokenfront.core.tool_call import ToolCall, make_mistral_tool_call_id, make_tool_call_id
 
 __all__ = [
     "TOOL_CALL_PARSERS",
@@ -42,37 +42,6 @@ __all__ = [
 
 _NAME_PLACEHOLDER = "{name}"
 _DECODER = json.JSONDecoder()
-
-
-def make_tool_call_id() -> str:
-    """A new OpenAI-style tool call id: ``call_`` and 24 lowercase hex characters."""
-    return "call_" + secrets.token_hex(12)
-
-
-_ALPHANUMERIC = string.ascii_letters + string.digits
-
-
-def make_mistral_tool_call_id() -> str:
-    """A new Mistral tool call id: 9 ASCII letters and digits, the only ids mistral-common accepts back."""
-    return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One function call: its name and its arguments as a JSON object string."""
-
-    name: str
-    arguments: str
-    # Random, so it takes no part in equality.
-    id: str = field(default_factory=make_tool_call_id, compare=False)
-
-    def to_openai(self) -> dict[str, Any]:
-        """The call as an OpenAI ``tool_calls`` item."""
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
 
 
 @dataclass(frozen=True)
@@ -391,9 +360,6 @@ class HarmonyToolCallParser(ToolCallParser):
 
     def parse(self, text: str) -> ParsedToolCalls:
         """The calls in Harmony output; content is its final and preamble text."""
-        # Imported here: core.output.harmony builds on this module's ToolCall.
-        from tokenfront.core.output.harmony import parse_harmony
-
         parsed = parse_harmony(text, reasoning=False, tools=True)
         if not parsed.tool_calls:
             return ParsedToolCalls(content=text or None, calls=[])

@@ -65,12 +65,14 @@ class DirectLane:
         self.max_body = min(INLINE_BODY_BYTES, app.max_body_bytes)
 
     @classmethod
-    def of(cls, app: TokenfrontApp) -> DirectLane | None:
-        """The app's lane; None when it has no direct routes, when its lean routes have another layer in
-        front of the key check (the router's loop guard), or when it traces: then they all take the usual
-        path."""
+    def of(cls, app: TokenfrontApp | Any) -> DirectLane | None:
+        """The app's lane; None when it is not a `TokenfrontApp` (no direct routes), when it has no direct
+        routes, when its lean routes have another layer in front of the key check (the router's loop guard),
+        or when it traces: then they all take the usual path."""
+        if not getattr(app, "direct_routes", None):
+            return None
         front = app.lean_front
-        if not app.direct_routes or type(front) is not AuthAndMetrics or app.tracing is not None:
+        if type(front) is not AuthAndMetrics or app.tracing is not None:
             return None
         return cls(app, front)
 

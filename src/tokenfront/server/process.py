@@ -54,6 +54,7 @@ from tokenfront.core.errors import TokenfrontError
 from tokenfront.server.connection_limits import ConnectionLimits
 from tokenfront.server.logs import adopt_library_handlers
 from tokenfront.server.open_files import fit_open_file_limit
+from tokenfront.server.shutdown import DEFAULT_SHUTDOWN_TIMEOUT
 from tokenfront.tls import ServerTls
 
 __all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "MULTIPROC_DIR_ENV", "bind_socket", "prepare_workers", "run_server"]
@@ -63,8 +64,6 @@ log = logging.getLogger(__name__)
 # After the shutdown timeout has cut the requests still in flight, the seconds uvicorn waits for those cut
 # answers to go out before it cancels whatever is left.
 _CUT_GRACE_SECONDS = 5.0
-# Seconds in-flight requests get to finish after SIGTERM (`--shutdown-timeout`).
-DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 # Where prometheus-client's multiprocess mode keeps its files (read by server.metrics too).
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # A child that dies this soon after it started, this many times in a row, means it cannot run: give up.
@@ -141,7 +140,6 @@ def run_server(
     if sock is None:
         sock = bind_socket(host, port, reuse_port=workers > 1)
     # Here, not at the top: the CLI imports this module before `prepare_workers` and the torch guard have run.
-    from tokenfront.server.app import TokenfrontApp
     from tokenfront.server.direct import DirectLane
     from tokenfront.server.http_protocol import bounded_protocol
     from tokenfront.server.middleware import RequestIdLayer
@@ -151,7 +149,7 @@ def run_server(
     port = int(sock.getsockname()[1])  # the real one when port 0 was asked for
     drain = getattr(app, "drain", None)  # a TokenfrontApp's (server.app)
     # Its direct answers (server.direct): not with an access log, which the usual path writes.
-    direct = DirectLane.of(app) if isinstance(app, TokenfrontApp) and not access_log else None
+    direct = None if access_log else DirectLane.of(app)
     config = uvicorn.Config(
         RequestIdLayer(app, access_log=access_log),
         host=host,

@@ -26,10 +26,13 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenfront.server.errors import error_body, error_response
-from tokenfront.server.process import DEFAULT_SHUTDOWN_TIMEOUT
 from tokenfront.server.sse import SSE_DONE, sse_event
 
-__all__ = ["SHUTTING_DOWN_CODE", "Drain"]
+# Seconds in-flight requests get to finish after SIGTERM (`--shutdown-timeout`).
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+
+
+__all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "SHUTTING_DOWN_CODE", "Drain"]
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from tokenfront.core.families import gpt_oss, kimi_k3, mistral
+from tokenfront.core.families.chat_format import ChatFormat, FormattedChat
 
 if TYPE_CHECKING:
     from tokenfront.core.checkpoint import Checkpoint
-    from tokenfront.protocol import ChatCompletionRequest
 
 __all__ = [
     "FAMILIES",
@@ -72,38 +72,6 @@ FAMILIES: Mapping[str, ModelFamily] = types.MappingProxyType(
 def family_for(model_type: str | None) -> ModelFamily:
     """The family of a checkpoint's `model_type` (the generic family when it has no entry)."""
     return FAMILIES.get(model_type or "", GENERIC)
-
-
-@dataclass(frozen=True)
-class FormattedChat:
-    """A chat prompt built by a `ChatFormat`: its ids, and its text (special tokens spelled out)."""
-
-    token_ids: list[int]
-    prompt_text: str
-
-
-class ChatFormat(Protocol):
-    """Builds chat prompts in place of a Jinja chat template (Harmony for gpt-oss, mistral-common)."""
-
-    name: str
-    # Whether the mainstream server applies a request's truncate_prompt_tokens to these prompts.
-    truncates_prompt: bool
-
-    def render_chat(
-        self, request: ChatCompletionRequest, body: Mapping[str, Any], template_kwargs: Mapping[str, Any]
-    ) -> FormattedChat:
-        """The ids the mainstream servers compute for this request (before truncation); a client mistake
-        raises `RenderError` (a 400)."""
-        ...
-
-    def fingerprint_component(self) -> dict[str, Any]:
-        """The `chat_format` component of the fingerprint: what builds the prompt, and its version."""
-        ...
-
-    def tokenizer_components(self) -> tuple[dict[str, Any], list[str]] | None:
-        """The tokenizer's part of the fingerprint and why it is incomplete, when the generic one (which reads
-        a transformers tokenizer's tokenizer.json) cannot identify this tokenizer; None to use the generic."""
-        ...
 
 
 def chat_format_for(checkpoint: Checkpoint) -> ChatFormat | None:

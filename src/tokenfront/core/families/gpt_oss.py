@@ -59,13 +59,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenfront.core.errors import CheckpointError, RenderError
+from tokenfront.core.families.chat_format import FormattedChat
 from tokenfront.core.messages import refuse_media_part
 
 if TYPE_CHECKING:
     from openai_harmony import HarmonyEncoding
 
     from tokenfront.core.checkpoint import Checkpoint
-    from tokenfront.core.families import FormattedChat
     from tokenfront.protocol import ChatCompletionRequest
 
 __all__ = [
@@ -554,7 +554,6 @@ class HarmonyChatFormat:
         self, request: ChatCompletionRequest, body: Mapping[str, Any], template_kwargs: Mapping[str, Any]
     ) -> FormattedChat:
         """The ids vLLM 0.33 renders for this chat request; `template_kwargs` play no part (as in vLLM)."""
-        from tokenfront.core.families import FormattedChat  # imported here: that package imports this module
 
         tools = _check_tools(body)
         effort = _check_reasoning_effort(request.reasoning_effort)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenfront.core.errors import CheckpointError, RenderError
+from tokenfront.core.families.chat_format import FormattedChat
 from tokenfront.core.messages import (
     parse_tool_arguments,
     refuse_media_part,
@@ -38,7 +39,6 @@ from tokenfront.core.messages import (
 
 if TYPE_CHECKING:
     from tokenfront.core.checkpoint import Checkpoint
-    from tokenfront.core.families import FormattedChat
     from tokenfront.protocol import ChatCompletionRequest
 
 __all__ = [
@@ -196,7 +196,6 @@ class MistralChatFormat:
         self, request: ChatCompletionRequest, body: Mapping[str, Any], template_kwargs: Mapping[str, Any]
     ) -> FormattedChat:
         """The ids vLLM 0.33 computes for this chat request in mistral mode."""
-        from tokenfront.core.families import FormattedChat  # imported here: that package imports this module
 
         if request.chat_template is not None or body.get("chat_template_kwargs") is not None:
             raise RenderError(

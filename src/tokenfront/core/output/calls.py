@@ -8,10 +8,13 @@ which is one call's arguments.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenfront.core.output.markers import partial_marker_length
-from tokenfront.core.tool_calls import ToolCall, ToolCallParser
+from tokenfront.core.tool_call import ToolCall
+
+if TYPE_CHECKING:
+    from tokenfront.core.tool_calls import ToolCallParser
 
 __all__ = ["ForcedToolCall", "ToolCallHold"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tokenfront.core.errors import RenderError
 from tokenfront.core.output.calls import ForcedToolCall, ToolCallHold
@@ -26,7 +26,10 @@ from tokenfront.core.output.harmony import HarmonyStream, reads_harmony
 from tokenfront.core.output.reasoning import ReasoningStream
 from tokenfront.core.output.stop_strings import StopStringMatcher, StopStrings
 from tokenfront.core.reasoning import OutputStart, ReasoningParser, output_start
-from tokenfront.core.tool_calls import ToolCall, ToolCallParser
+from tokenfront.core.tool_call import ToolCall
+
+if TYPE_CHECKING:
+    from tokenfront.core.tool_calls import ToolCallParser
 from tokenfront.protocol import ChatCompletionRequest
 
 __all__ = [

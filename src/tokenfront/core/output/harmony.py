@@ -27,12 +27,15 @@ import enum
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tokenfront.core.errors import CheckpointError
 from tokenfront.core.output.markers import partial_marker_length
 from tokenfront.core.reasoning import ReasoningParser
-from tokenfront.core.tool_calls import ToolCall, ToolCallParser
+from tokenfront.core.tool_call import ToolCall
+
+if TYPE_CHECKING:
+    from tokenfront.core.tool_calls import ToolCallParser
 
 __all__ = [
     "HarmonyDelta",
