@@ -547,6 +547,7 @@ def _run_route(args: argparse.Namespace) -> int:
     _check_render_options(args)
     _apply_limits(args)
     _check_workers(args.worker)
+    worker_sources = _worker_sources(args)
     _check_api_key(args.worker_api_key, "--worker-api-key", "TOKENFRONT_WORKER_API_KEY")
     _check_admin_api_key(args)
     _check_render_processes(args)
@@ -600,6 +601,8 @@ def _run_route(args: argparse.Namespace) -> int:
         worker_allow=WorkerAllowList.of(args.worker_allow) if args.worker_allow else None,
         max_workers=args.max_workers,
         render=RenderSettings(timeout=args.render_timeout, processes=args.render_processes),
+        worker_sources=worker_sources,
+        worker_source_interval=args.worker_source_interval,
     )
     if pipeline is not None:
         log.info(
@@ -753,6 +756,42 @@ def _worker_allow_entry(text: str) -> object:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _worker_dns(text: str) -> object:
+    from tokenfront.router.worker_dns import DnsWorkers
+
+    try:
+        return DnsWorkers.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _dns_server(text: str) -> object:
+    from tokenfront.router.worker_dns import DnsServer
+
+    try:
+        return DnsServer.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _worker_sources(args: argparse.Namespace) -> list[Any]:
+    """The `--worker-file` and `--worker-dns` sources; a file that cannot be read now, or a DNS server given
+    without a name to ask it, is a TokenfrontError in one line."""
+    if args.worker_dns_server is not None and not args.worker_dns:
+        raise TokenfrontError(
+            "--worker-dns-server is the server --worker-dns asks: give --worker-dns NAME:PORT too"
+        )
+    from tokenfront.router.worker_file import WorkerFile
+
+    sources: list[Any] = [WorkerFile.open(path) for path in args.worker_file]
+    if args.worker_dns:
+        from tokenfront.router.worker_dns import WorkerDns, make_resolver
+
+        resolver = make_resolver(args.worker_dns_server)
+        sources += [WorkerDns(workers, resolver) for workers in args.worker_dns]
+    return sources
+
+
 def _worker_spec(text: str) -> object:
     from tokenfront.router.workers import WorkerSpec
 
@@ -831,6 +870,40 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: openai, as prompt_token_ids); `,verify=probe` lets a worker with no rendering fingerprint "
         "(vLLM) be forwarded to when its /tokenize answers a built-in probe corpus with the router's ids. "
         "More can be added at runtime with POST /workers",
+    )
+    group.add_argument(
+        "--worker-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a file of workers, one a line in the --worker grammar (# comments, blank lines ignored), read "
+        "again every --worker-source-interval and on SIGHUP: a worker added joins, one removed is drained as "
+        "DELETE /workers drains it; a bad line is logged and skipped; a file that cannot be read keeps its "
+        "last workers (a Kubernetes ConfigMap mounted as a file fits; docs/worker-sources.md). Repeatable",
+    )
+    group.add_argument(
+        "--worker-dns",
+        action="append",
+        default=[],
+        type=_worker_dns,
+        metavar="NAME:PORT[,protocol=openai|generate][,verify=probe]",
+        help="a DNS name whose A/AAAA records are the workers (a Kubernetes headless Service), each address "
+        "http://ADDRESS:PORT with the options given; resolved again every --worker-source-interval and on "
+        "SIGHUP, a failure keeping the last workers (docs/worker-sources.md). Repeatable",
+    )
+    group.add_argument(
+        "--worker-dns-server",
+        type=_dns_server,
+        metavar="ADDRESS[:PORT]",
+        help="the DNS server --worker-dns asks (default: the system's, from /etc/resolv.conf, with its search "
+        "list)",
+    )
+    group.add_argument(
+        "--worker-source-interval",
+        type=_positive_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between two reads of each --worker-file and --worker-dns (default: 5)",
     )
     group.add_argument(
         "--policy",

@@ -44,6 +44,7 @@ from tokenfront.router.routes import (
 )
 from tokenfront.router.routing_metrics import RoutingMetrics
 from tokenfront.router.worker_allow import WorkerAllowList
+from tokenfront.router.worker_sources import DEFAULT_INTERVAL, Admission, WorkerSource, WorkerSources
 from tokenfront.router.workers import (
     LOOP_CODE,
     VIA_HEADER,
@@ -87,6 +88,10 @@ class RouterSettings:
     max_workers: int = 4096
     # How long a render for routing may take (`--render-timeout`), and where it runs (`--render-processes`).
     render: RenderSettings = field(default_factory=RenderSettings)
+    # Where more workers come from (`--worker-file`, `--worker-dns`: `router.worker_sources`), read every
+    # `--worker-source-interval` seconds and on SIGHUP.
+    worker_sources: Sequence[WorkerSource] = ()
+    worker_source_interval: float = DEFAULT_INTERVAL
 
 
 def create_router_app(
@@ -182,7 +187,10 @@ def create_router_app(
     app.include_router(render_router(tracing) if pipeline is not None else render_unavailable_router())
     app.include_router(derender_router())
     app.include_router(inspector_router())  # its workers; a router with a tokenizer renders there too
-    app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers, proxy.renders)
+    admission = Admission(settings.worker_allow, settings.max_workers)
+    sources = WorkerSources(settings.worker_sources, pool, admission, settings.worker_source_interval)
+    app.state.worker_sources = sources
+    app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers, proxy.renders, sources)
     # Outermost on both paths (FastAPI's and the lean routes'), before auth: a request carrying this router's
     # own id came back to it.
     app.add_middleware(LoopGuard, router_id=router_id)
@@ -263,6 +271,7 @@ def _lifespan(
     metrics: RouterMetrics,
     workers: Sequence[WorkerSpec],
     renders: BoundedRender | None,
+    sources: WorkerSources,
 ) -> Any:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -270,6 +279,7 @@ def _lifespan(
             # Spawned here, in the process that serves (never before a fork), and ready before it serves.
             await renders.start(on_replaced=metrics.render_processes_replaced.inc)
         await pool.start(workers)
+        await sources.start()  # their workers added and checked, as the --worker ones, before it serves
         _reevaluate(pool, gate, metrics)  # also with no worker answering yet: the router's own reasons
         log.info(
             "router ready: %d of %d workers active, forwarding ids: %s",
@@ -280,6 +290,7 @@ def _lifespan(
         try:
             yield
         finally:
+            await sources.stop()
             await pool.stop()
             if renders is not None:
                 await renders.stop()

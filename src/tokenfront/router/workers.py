@@ -412,6 +412,8 @@ class Worker:
     kv_replay: str | None = None
     protocol: str = "openai"  # how forwarded ids are sent (PROTOCOLS)
     verify: str | None = None  # "probe": probed on each check (VERIFY_MODES)
+    # Who added it: FLAG_SOURCE, ADMIN_SOURCE, or a worker source's name ("file:PATH", "dns:NAME").
+    source: str = "admin"
     healthy: bool = False
     checked: bool = False  # at least one check finished
     report: WorkerReport | None = None
@@ -485,6 +487,7 @@ class Worker:
             "kv_events": self._kv_events_source(),
             "protocol": self.protocol,
             "verify": self.verify,
+            "source": self.source,
             "active_requests": self.active_requests,
             "routed": self.routed,
             "failures": self.failures,
@@ -551,6 +554,9 @@ NO_GENERATE_ROUTE = "no_generate_route"
 # health check, however it is spelled.
 VIA_HEADER = "x-tokenfront-via"
 LOOP_CODE = "router_loop"
+# Who added a worker (`Worker.source`), besides the worker sources (`router.worker_sources`).
+FLAG_SOURCE = "flag"
+ADMIN_SOURCE = "admin"
 
 
 class WorkerPool:
@@ -632,8 +638,10 @@ class WorkerPool:
                 return f"{own_host}:{own_port}"
         return None
 
-    async def add(self, spec: WorkerSpec, *, refuse_loops: bool = False) -> Worker:
-        """Add a worker and check it once before returning.
+    async def add(
+        self, spec: WorkerSpec, *, refuse_loops: bool = False, source: str = ADMIN_SOURCE
+    ) -> Worker:
+        """Add a worker and check it once before returning; `source` says who added it (`Worker.source`).
 
         DuplicateWorker (a KeyError) when it is in the pool already under any spelling; RouterItself when its
         URL is one the router listens on, or — with `refuse_loops` — when that first check finds it is this
@@ -653,9 +661,11 @@ class WorkerPool:
             kv_replay=spec.kv_replay,
             protocol=spec.protocol,
             verify=spec.verify,
+            source=source,
         )
         self.workers[spec.url] = worker
-        notes = [f"vLLM KV events on {spec.kv_events}"] if spec.kv_events else []
+        notes = [f"from {source}"] if source not in (FLAG_SOURCE, ADMIN_SOURCE) else []
+        notes += [f"vLLM KV events on {spec.kv_events}"] if spec.kv_events else []
         notes += [f"protocol {spec.protocol}"] if spec.protocol != "openai" else []
         notes += ["verified by a render probe"] if spec.verify == "probe" else []
         log.info("worker %s added%s", spec.url, f" ({', '.join(notes)})" if notes else "")
@@ -979,7 +989,9 @@ class WorkerPool:
         left out; `tokenfront route` refuses those before it starts (`router.app.check_worker_specs`).
         """
         specs = list(specs)
-        results = await asyncio.gather(*(self.add(spec) for spec in specs), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self.add(spec, source=FLAG_SOURCE) for spec in specs), return_exceptions=True
+        )
         for spec, result in zip(specs, results, strict=True):
             if isinstance(result, (DuplicateWorker, RouterItself)):
                 log.error("worker %s left out: %s", spec.url, result)
