@@ -27,6 +27,9 @@ install-test: $(BIN)/python
 # promtool and prometheus, for tests/monitoring/ (the alerting rules, and a real Prometheus scraping real servers)
 	@command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus) \
 		|| echo "prometheus not installed: the monitoring tests will be skipped (under CI they fail)"
+# dnsmasq, the real DNS server tests/router/test_router_worker_sources.py starts for the router's --worker-dns
+	@(command -v dnsmasq >/dev/null || test -x /usr/sbin/dnsmasq) || (apt-get update -qq && apt-get install -y -qq dnsmasq-base) \
+		|| echo "dnsmasq not installed: the DNS source tests will be skipped (under CI they fail)"
 
 fixtures: install
 	$(BIN)/tokenfront fixtures

@@ -68,15 +68,16 @@ class Fleet:
         with ThreadPoolExecutor(len(commands)) as pool:
             return list(pool.map(lambda command: self.start(*command), commands))
 
-    def start_on_port(self, port: int, *args: str) -> Any:
-        """Start a server on a given port (a worker coming back where it was)."""
-        log_path = self.log_dir / f"server-{port}-{time.monotonic_ns()}.log"
-        command = [sys.executable, "-m", "tokenfront.cli", *args, "--host", "127.0.0.1", "--port", str(port)]
+    def start_on_port(self, port: int, *args: str, host: str = "127.0.0.1") -> Any:
+        """Start a server on a given port (a worker coming back where it was), on another loopback address
+        (127.0.0.2, ...: Linux routes all of 127/8 to lo) when `host` says so."""
+        log_path = self.log_dir / f"server-{host}-{port}-{time.monotonic_ns()}.log"
+        command = [sys.executable, "-m", "tokenfront.cli", *args, "--host", host, "--port", str(port)]
         with log_path.open("wb") as log_file:
             process = subprocess.Popen(
                 command, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ)
             )
-        server = self._root.ServerProcess(process, f"http://127.0.0.1:{port}", log_path)
+        server = self._root.ServerProcess(process, f"http://{host}:{port}", log_path)
         self.started.append(server)
         assert wait_until(lambda: _healthy(server), timeout=240.0), server.log()[-3000:]
         return server
