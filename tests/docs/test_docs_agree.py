@@ -346,7 +346,7 @@ def test_architecture_layout_lists_every_module_folder_and_page() -> None:
     layout = _block_under(_text(DOCS / "architecture.md"), "## Layout")
     modules, folders = _package_entries()
     pages = sorted(page.name for page in DOCS.glob("*.md"))
-    words = set(re.findall(r"[\w.]+/?", layout))
+    words = set(re.findall(r"[\w.-]+/?", layout))
     missing = [name for name in [*modules, *folders, *pages, "CHANGELOG.md"] if name not in words]
     assert missing == [], "docs/architecture.md's layout does not name these"
     assert len(modules) >= 7 and len(folders) >= 12 and len(pages) >= 16, (modules, folders, pages)
@@ -356,7 +356,7 @@ def test_the_readme_layout_lists_every_top_level_entry() -> None:
     layout = _block_under(_text(ROOT / "README.md"), "## Layout")
     modules, _ = _package_entries()
     packages = sorted(f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
-    words = set(re.findall(r"[\w.]+/?", layout))
+    words = set(re.findall(r"[\w.-]+/?", layout))
     assert [name for name in [*modules, *packages] if name not in words] == []
     assert len(packages) >= 7, packages
 
