@@ -307,7 +307,6 @@ def _run_serve(args: argparse.Namespace) -> int:
     publisher = _kv_event_publisher(args)
     # The worker runs the model: torch is imported here on purpose (no torch guard, unlike `render`).
     from tokenfront.core.render import RenderPipeline
-    from tokenfront.worker.app import create_worker_app
     from tokenfront.worker.engines.transformers import TransformersEngine, resolve_device
 
     try:
@@ -338,15 +337,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         engine.info.device,
         engine.info.tokens_per_block,
     )
-    app = create_worker_app(
-        pipeline,
-        engine,
-        api_key=args.api_key,
-        max_body_bytes=args.max_body_bytes,
-        show_paths=args.show_paths,
-        tracing=tracing,
-    )
-    _serve_worker(app, args, sock, engine, publisher)
+    _serve_worker(pipeline, engine, args, sock, tracing, publisher)
     return 0
 
 
@@ -367,8 +358,21 @@ def _kv_event_publisher(args: argparse.Namespace) -> Any:
     return publisher
 
 
-def _serve_worker(app: Any, args: argparse.Namespace, sock: Any, engine: Any, publisher: Any) -> None:
-    """Serve a worker; its KV events go to the ZMQ publisher too when there is one (closed at the end)."""
+def _serve_worker(
+    pipeline: Any, engine: Any, args: argparse.Namespace, sock: Any, tracing: Any, publisher: Any
+) -> None:
+    """Serve the worker app of `pipeline` and `engine` (either engine); its KV events go to the ZMQ publisher
+    too when there is one (closed at the end)."""
+    from tokenfront.worker.app import create_worker_app
+
+    app = create_worker_app(
+        pipeline,
+        engine,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        show_paths=args.show_paths,
+        tracing=tracing,
+    )
     if publisher is None:
         _serve(app, args, sock, args.port)
         return
@@ -403,7 +407,6 @@ def _run_serve_simulated(args: argparse.Namespace) -> int:
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     publisher = _kv_event_publisher(args)
     from tokenfront.core.render import RenderPipeline
-    from tokenfront.worker.app import create_worker_app
     from tokenfront.worker.engines.simulated import SimulatedEngine
 
     pipeline = RenderPipeline.load(options_from_args(args))  # as the renderer builds it: the same fingerprint
@@ -416,15 +419,7 @@ def _run_serve_simulated(args: argparse.Namespace) -> int:
         gpu.speedup,
         gpu.tokens_per_block,
     )
-    app = create_worker_app(
-        pipeline,
-        engine,
-        api_key=args.api_key,
-        max_body_bytes=args.max_body_bytes,
-        show_paths=args.show_paths,
-        tracing=tracing,
-    )
-    _serve_worker(app, args, sock, engine, publisher)
+    _serve_worker(pipeline, engine, args, sock, tracing, publisher)
     return 0
 
 
