@@ -119,12 +119,17 @@ class ZmqEventPublisher:
         self.replay_endpoint = replay_endpoint
         self.published = 0  # batches sent
         self.published_events = 0
+        self._running = True  # False once the thread ended: the log's events are no longer queued
         self._thread = threading.Thread(target=self._run, name="tokenfront-kv-events", daemon=True)
         self._thread.start()
 
     def publish_from(self, events: KvEventLog) -> None:
         """Publish every event `events` writes from now on."""
-        events.tap(self._queue.put)
+        events.tap(self._receive)
+
+    def _receive(self, entry: dict[str, Any]) -> None:
+        if self._running:  # a stopped publisher must not queue the log's events for ever
+            self._queue.put(entry)
 
     @staticmethod
     def _bind(sock: zmq.Socket[bytes], endpoint: str, flag: str) -> None:
@@ -145,6 +150,7 @@ class ZmqEventPublisher:
         except Exception:  # never silently: a publisher that died would leave routers with a stale view
             log.exception("the KV event publisher stopped")
         finally:
+            self._running = False
             self._close_sockets()
 
     def _step(self) -> bool:
