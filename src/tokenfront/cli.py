@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tokenfront import __version__, protocol
 from tokenfront.core.errors import TokenfrontError
@@ -26,6 +26,9 @@ from tokenfront.server.limits import (
 )
 from tokenfront.server.process import DEFAULT_SHUTDOWN_TIMEOUT
 from tokenfront.server.tracing import ENDPOINT_ENV
+
+if TYPE_CHECKING:
+    from tokenfront.router.app import ReplicaSyncSettings
 
 log = logging.getLogger("tokenfront")
 
@@ -547,6 +550,7 @@ def _run_route(args: argparse.Namespace) -> int:
     _check_admin_api_key(args)
     _check_render_processes(args)
     policy_options = _policy_options(args)
+    replica_sync = _replica_sync(args)
     tracing = _start_tracing(args, "router")
     from tokenfront.tls import ClientTls
 
@@ -598,6 +602,7 @@ def _run_route(args: argparse.Namespace) -> int:
         render=RenderSettings(timeout=args.render_timeout, processes=args.render_processes),
         worker_sources=worker_sources,
         worker_source_interval=args.worker_source_interval,
+        replica_sync=replica_sync,
     )
     if pipeline is not None:
         log.info(
@@ -622,6 +627,23 @@ def _run_route(args: argparse.Namespace) -> int:
     with _finishing_background_work(pipeline):
         _serve(app, args, sock, port)
     return 0
+
+
+def _replica_sync(args: argparse.Namespace) -> ReplicaSyncSettings | None:
+    """`--replica-sync-bind` and `--replica-peer` (TokenfrontError, one line, for a bad address or peers without
+    a bind)."""
+    from tokenfront.router.app import ReplicaSyncSettings
+    from tokenfront.router.replica_sync import check_sync_endpoint
+
+    if args.replica_sync_bind is None:
+        if args.replica_peer:
+            raise TokenfrontError(
+                "--replica-peer needs --replica-sync-bind: a replica hears its peers only when it publishes too"
+            )
+        return None
+    bind = check_sync_endpoint(args.replica_sync_bind, "--replica-sync-bind")
+    peers = tuple(check_sync_endpoint(peer, "--replica-peer") for peer in args.replica_peer)
+    return ReplicaSyncSettings(bind, peers)
 
 
 def _check_render_processes(args: argparse.Namespace) -> None:
@@ -899,6 +921,22 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         default=5.0,
         metavar="SECONDS",
         help="seconds between two reads of each --worker-file and --worker-dns (default: 5)",
+    )
+    group.add_argument(
+        "--replica-sync-bind",
+        metavar="ENDPOINT",
+        help="share in-flight load with other router replicas: publish this router's routed requests on a ZMQ "
+        "PUB socket bound here (tcp://*:5600, tcp://HOST:PORT or ipc://PATH), so that a worker loaded by one "
+        "replica is seen as loaded by all (docs/operations.md, several routers)",
+    )
+    group.add_argument(
+        "--replica-peer",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="another replica's --replica-sync-bind address to hear (tcp://router-1.router:5600; repeat for "
+        "each; naming this router itself is harmless, so every replica can be given the same list). Needs "
+        "--replica-sync-bind",
     )
     group.add_argument(
         "--policy",

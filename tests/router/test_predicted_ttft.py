@@ -7,8 +7,9 @@ import sys
 from collections import Counter
 
 import pytest
-from test_policies import holds, ids, workers
+from test_policies import TPB, holds, ids, workers
 
+from tokenfront.core.kv_blocks import block_hashes
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies import (
     PredictedTtftConfig,
@@ -359,3 +360,50 @@ def test_route_refuses_bad_settings_in_one_line(flags: list[str], message: str) 
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == message
     assert "Traceback" not in result.stderr
+
+
+def test_a_peer_replicas_requests_count_as_this_routers_own() -> None:
+    """What one replica's ``shared_load`` says, another's ``on_peer_*`` hooks track: the same pending prefill,
+    the same occupancy and linger, the linger ended by the peer's next turn."""
+    now = [100.0]
+    index, peer_index = KvIndex(clock=lambda: now[0]), KvIndex(clock=lambda: now[0])
+    policy = policy_with(index, occupancy_weight=0.25, occupancy_linger_seconds=5.0)
+    peer = policy_with(peer_index, occupancy_weight=0.25, occupancy_linger_seconds=5.0)
+    pool = workers(0, 0)
+    turn = RouteRequest(ids(1000, start=5000))
+    peer.on_routed(pool[1], turn)
+    shared = peer.shared_load(pool[1], turn)
+    assert shared is not None and (shared.uncached_tokens, shared.prompt_tokens) == (1000, 1000)
+    assert shared.end == (1000 // TPB - 1, int(block_hashes(turn.token_ids or [], TPB)[-1]))
+    policy.on_peer_routed(pool[1], ("peer", 1), shared)
+    assert policy.predicted_load(pool[1]) == peer.predicted_load(pool[1]) == {
+        "pending_prefill_tokens": 1000.0,
+        "predicted_queue_seconds": (1000 + 0.25 * 1000) / RATE,
+        "tracked_requests": 1.0,
+    }
+    assert policy.select(pool, RouteRequest(ids(40))).url == "http://w0"  # w1 is busy with the peer's prompt
+    policy.on_peer_first_token(pool[1], ("peer", 1))
+    assert policy.predicted_load(pool[1])["pending_prefill_tokens"] == 0.0
+    policy.on_peer_complete(pool[1], ("peer", 1))  # answered: it lingers here as it would on the peer
+    lingering = {"pending_prefill_tokens": 0.0, "predicted_queue_seconds": 0.25, "tracked_requests": 0.0}
+    assert policy.predicted_load(pool[1]) == lingering
+    # The peer routes the conversation's next turn: its message names the turn it continues, ending the linger.
+    peer.on_complete(pool[1], turn, ok=True)
+    holds(peer_index, pool[1], turn.token_ids or [])
+    next_turn = RouteRequest([*(turn.token_ids or []), *ids(200, start=90_000)])
+    assert peer.select(pool, next_turn).url == "http://w1"
+    peer.on_routed(pool[1], next_turn)
+    follow = peer.shared_load(pool[1], next_turn)
+    assert follow is not None and follow.continued == (shared.end,)
+    assert (follow.uncached_tokens, follow.prompt_tokens) == (200, 1200)  # the first turn's 1,000 cached
+    policy.on_peer_routed(pool[1], ("peer", 2), follow)
+    assert policy.predicted_load(pool[1]) == {
+        "pending_prefill_tokens": 200.0,
+        "predicted_queue_seconds": (200 + 0.25 * 1200) / RATE,  # the old turn's linger is over
+        "tracked_requests": 1.0,
+    }
+    policy.on_peer_complete(pool[1], ("peer", 2))
+    policy.on_peer_complete(pool[1], ("peer", 2))  # twice (a lost DONE mended by a beat) counts once
+    now[0] += 5.0
+    policy.select(pool, RouteRequest(ids(40)))
+    assert policy.predicted_load(pool[1]) == IDLE

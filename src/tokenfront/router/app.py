@@ -27,13 +27,14 @@ from tokenfront.core.errors import TokenfrontError
 from tokenfront.core.render import RenderPipeline
 from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
-from tokenfront.router.bounded_render import BoundedRender, RenderSettings
+from tokenfront.router.bounded_render import RenderSettings
 from tokenfront.router.fleet_metrics import FleetMetrics
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies import build_policy
 from tokenfront.router.probe import Prober
 from tokenfront.router.proxy import Proxy, RouterMetrics
+from tokenfront.router.replica_sync import DEFAULT_HEARTBEAT, DEFAULT_PEER_TIMEOUT, ReplicaSync
 from tokenfront.router.routes import (
     ADMIN_PATHS,
     inference_router,
@@ -92,6 +93,19 @@ class RouterSettings:
     # `--worker-source-interval` seconds and on SIGHUP.
     worker_sources: Sequence[WorkerSource] = ()
     worker_source_interval: float = DEFAULT_INTERVAL
+    # Load shared with other router replicas (`--replica-sync-bind`, `--replica-peer`: `router.replica_sync`);
+    # None: this router counts only its own requests.
+    replica_sync: ReplicaSyncSettings | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaSyncSettings:
+    """Where this replica publishes its routed requests, and the peers it hears."""
+
+    bind: str
+    peers: Sequence[str] = ()
+    heartbeat: float = DEFAULT_HEARTBEAT
+    peer_timeout: float = DEFAULT_PEER_TIMEOUT
 
 
 def create_router_app(
@@ -162,6 +176,16 @@ def create_router_app(
         render=settings.render,
         tracing=tracing,
     )
+    if settings.replica_sync is not None:
+        proxy.sync = ReplicaSync(
+            router_id=router_id,
+            bind=settings.replica_sync.bind,
+            peers=settings.replica_sync.peers,
+            policy=policy,
+            pool=pool,
+            heartbeat=settings.replica_sync.heartbeat,
+            peer_timeout=settings.replica_sync.peer_timeout,
+        )
     app = create_app(
         role="router",
         title="tokenfront router",
@@ -190,7 +214,7 @@ def create_router_app(
     admission = Admission(settings.worker_allow, settings.max_workers)
     sources = WorkerSources(settings.worker_sources, pool, admission, settings.worker_source_interval)
     app.state.worker_sources = sources
-    app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers, proxy.renders, sources)
+    app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers, proxy, sources)
     # Outermost on both paths (FastAPI's and the lean routes'), before auth: a request carrying this router's
     # own id came back to it.
     app.add_middleware(LoopGuard, router_id=router_id)
@@ -270,11 +294,15 @@ def _lifespan(
     gate: ForwardingGate,
     metrics: RouterMetrics,
     workers: Sequence[WorkerSpec],
-    renders: BoundedRender | None,
+    proxy: Proxy,
     sources: WorkerSources,
 ) -> Any:
+    renders, sync = proxy.renders, proxy.sync
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if sync is not None:
+            await sync.start()  # first: a --replica-sync-bind that cannot be bound stops the start at once
         if renders is not None:
             # Spawned here, in the process that serves (never before a fork), and ready before it serves.
             await renders.start(on_replaced=metrics.render_processes_replaced.inc)
@@ -294,5 +322,7 @@ def _lifespan(
             await pool.stop()
             if renders is not None:
                 await renders.stop()
+            if sync is not None:
+                await sync.stop()
 
     return lifespan

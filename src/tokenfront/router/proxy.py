@@ -105,6 +105,8 @@ from tokenfront.server.tracing import PROMPT_TOKENS, Tracing
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from tokenfront.router.replica_sync import ReplicaSync
+
 log = logging.getLogger(__name__)
 
 WORKER_HEADER = "x-tokenfront-worker"
@@ -259,6 +261,9 @@ class Proxy:
         self.pool = pool
         self.gate = gate
         self.policy = policy
+        # Other router replicas told of each request routed, started and ended (`router.replica_sync`); None:
+        # this router is alone, or does not share its load.
+        self.sync: ReplicaSync | None = None
         self.metrics = metrics
         # The app registers them with its registry (router.app); a proxy built alone keeps them to itself.
         self.routing_metrics = routing_metrics or RoutingMetrics(CollectorRegistry(), policy, pool)
@@ -622,6 +627,8 @@ class Proxy:
         worker.routed += 1
         started = time.perf_counter()
         self.policy.on_routed(load, plan.target)
+        if self.sync is not None:
+            self.sync.routed(load, plan.target)
         # The decision's time is the policy's choice and its bookkeeping of it, together.
         self.routing_metrics.decided(
             decision.routing, plan.target, decision.seconds + time.perf_counter() - started
@@ -721,6 +728,8 @@ class Proxy:
     def _finish(self, worker: Worker, load: WorkerLoad, plan: Plan, call: _Call, *, ok: bool) -> None:
         worker.active_requests -= 1
         self.policy.on_complete(load, plan.target, ok)
+        if self.sync is not None:
+            self.sync.complete(load, plan.target)
         if ok:
             key = (plan.route, worker.url, call.forwarded)
             counter = self._served.get(key)
@@ -867,6 +876,8 @@ class _RelayResponse(StreamingResponse):
                 if not prefilled and source.produced:  # the first output: the prompt's prefill is done
                     prefilled = True
                     self.proxy.policy.on_first_token(self.load, self.plan.target)
+                    if self.proxy.sync is not None:
+                        self.proxy.sync.first_token(self.load, self.plan.target)
                 yield chunk
                 chunk = await source.next_chunk()
             ok = True

@@ -425,6 +425,8 @@ class Worker:
     # away from it); None when it serves them all or says no names.
     model_mismatch: str | None = None
     active_requests: int = 0
+    # Requests other router replicas have in flight on it (`router.replica_sync`): the policy sees the sum.
+    peer_requests: int = 0
     routed: int = 0
     failures: int = 0
     last_check: float | None = None
@@ -454,9 +456,9 @@ class Worker:
         block = self.report.tokens_per_block if self.report else None
         load = self._load
         if load is None:
-            load = self._load = WorkerLoad(self.url, self.active_requests, block)
+            load = self._load = WorkerLoad(self.url, self.active_requests + self.peer_requests, block)
         else:
-            load.active_requests = self.active_requests
+            load.active_requests = self.active_requests + self.peer_requests
             load.tokens_per_block = block
         return load
 
@@ -489,6 +491,7 @@ class Worker:
             "verify": self.verify,
             "source": self.source,
             "active_requests": self.active_requests,
+            "peer_requests": self.peer_requests,
             "routed": self.routed,
             "failures": self.failures,
             "seconds_since_check": round(time.monotonic() - self.last_check, 3) if self.last_check else None,

@@ -3,7 +3,9 @@
 A policy picks one worker for a request (``select``; ``route`` also says how much of the prompt it predicts the
 worker has cached) and may learn from the outcome (``on_routed`` once the request is sent, ``on_first_token``
 when a stream's first event carrying output came, ``on_complete`` when it finished); ``predicted_load`` says
-what it thinks a worker has to do. Everything else — health, membership, counting active requests, forwarding —
+what it thinks a worker has to do. Router replicas share their load (``router.replica_sync``): ``shared_load``
+says what a peer should count of a request this router routed, and the ``on_peer_*`` hooks count a peer's
+requests as the policy counts its own. Everything else — health, membership, counting active requests, forwarding —
 belongs to the router around it, so a policy is a small, testable piece of logic.
 """
 
@@ -15,6 +17,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,6 +35,19 @@ class WorkerLoad:
     url: str
     active_requests: int = 0
     tokens_per_block: int | None = None  # from the worker's /server_info; None for non-tokenfront workers
+
+
+@dataclass(frozen=True)
+class SharedLoad:
+    """What one router replica tells the others of a request it routed (``router.replica_sync``), so that their
+    policies count it in the worker's load as they count their own: its tokens still to prefill there, its
+    prompt's tokens, where its prompt ends (its last full block's index and name), and the ends of the answered
+    prompts it continues (an agent's next turn: their linger is over)."""
+
+    uncached_tokens: int = 0
+    prompt_tokens: int = 0
+    end: tuple[int, int] | None = None
+    continued: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,20 @@ class Policy(abc.ABC):
 
     def on_complete(self, worker: WorkerLoad, request: RouteRequest, ok: bool) -> None:  # noqa: B027
         """``request`` finished on ``worker`` (``ok`` False: it failed)."""
+
+    def shared_load(self, worker: WorkerLoad, request: RouteRequest) -> SharedLoad | None:
+        """What a peer replica should count of ``request``, just routed to ``worker`` (called after
+        ``on_routed``); None: the policy tracks nothing beyond requests in flight, which peers count anyway."""
+        return None
+
+    def on_peer_routed(self, worker: WorkerLoad, key: Hashable, load: SharedLoad) -> None:  # noqa: B027
+        """A peer replica routed a request to ``worker`` (``key`` names it among every peer's requests)."""
+
+    def on_peer_first_token(self, worker: WorkerLoad, key: Hashable) -> None:  # noqa: B027
+        """A peer's request ``key`` on ``worker`` had its first token."""
+
+    def on_peer_complete(self, worker: WorkerLoad, key: Hashable) -> None:  # noqa: B027
+        """A peer's request ``key`` on ``worker`` ended (or the peer is gone: its requests end with it)."""
 
     def explain(self) -> dict[str, Any]:
         """The last decision's inputs and scores, for logs and debugging ({} when there is nothing to say)."""

@@ -84,7 +84,7 @@ import itertools
 import math
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -98,6 +98,7 @@ from tokenfront.router.policies.base import (
     PolicyConfig,
     RouteRequest,
     Routing,
+    SharedLoad,
     WorkerLoad,
     explain_rows,
 )
@@ -155,6 +156,7 @@ class _InFlight:
     uncached: int
     prompt: int
     end: tuple[int, int] | None
+    shared: SharedLoad  # as it was routed: what peer replicas are told
 
 
 @dataclass
@@ -204,7 +206,8 @@ class PredictedTtftPolicy(Policy):
         # Per worker url, its requests in flight from this router, by id(RouteRequest). Their sums by url are
         # kept beside them, and only there, so a decision reads 1,000 workers' in C: the tokens still to
         # prefill, and the prompts' tokens in flight or lingering (the occupancy).
-        self._in_flight: dict[str, dict[int, _InFlight]] = {}
+        # Peer replicas' requests are tracked beside them, by the peer's key (``on_peer_routed``).
+        self._in_flight: dict[str, dict[Hashable, _InFlight]] = {}
         self._tokens_of: dict[str, int] = {}
         self._kv_tokens_of: dict[str, int] = {}
         # Answered prompts lingering in their worker's occupancy: by serial number, expiring oldest first from
@@ -286,52 +289,51 @@ class PredictedTtftPolicy(Policy):
             uncached = max(match.prompt_tokens - int(match.cached_tokens[0]), 0)
         names = record_routed(self.kv_index, match, worker, request, self.default_tokens_per_block)
         end = (len(names) - 1, int(names[-1])) if names is not None and len(names) else None
-        url = worker.url
         with self._lock:
+            ends = tuple(self._lingers[serial].end for serial in continued if serial in self._lingers)
             for serial in continued:  # its previous turn is back: no longer a prompt expected to return
                 self._end_linger(serial)
-            requests = self._in_flight.get(url)
-            if requests is None:
-                requests = self._in_flight[url] = {}
-                self._tokens_of[url] = 0
-                self._kv_tokens_of[url] = self._lingering_of.get(url, 0)
-            self._take_out(url, requests, id(request))  # the same request routed here again counts once
-            tracked = requests[id(request)] = _InFlight(uncached, len(request.token_ids or ()), end)
-            self._tokens_of[url] += tracked.uncached
-            self._kv_tokens_of[url] += tracked.prompt
-            if len(requests) > self.config.max_in_flight_per_worker:  # a completion was lost
-                self._take_out(url, requests, next(iter(requests)))
+            shared = SharedLoad(uncached, len(request.token_ids or ()), end, tuple(e for e in ends if e))
+            self._track(worker.url, id(request), shared)
 
     def on_first_token(self, worker: WorkerLoad, request: RouteRequest) -> None:
         """The request's prefill is done: its uncached tokens leave the pending prefill (its prompt stays in
         the occupancy until it ends)."""
-        url = worker.url
         with self._lock:
-            tracked = self._in_flight.get(url, {}).get(id(request))
-            if tracked is not None:
-                self._tokens_of[url] -= tracked.uncached
-                tracked.uncached = 0
+            self._prefilled(worker.url, id(request))
 
     def on_complete(self, worker: WorkerLoad, request: RouteRequest, ok: bool) -> None:
         """The request ended: its tokens come out, its prompt lingering in the occupancy for a while; a worker
         with nothing in flight or lingering is forgotten."""
+        with self._lock:
+            self._ended(worker.url, id(request))
+
+    def shared_load(self, worker: WorkerLoad, request: RouteRequest) -> SharedLoad | None:
+        """The request as ``on_routed`` tracked it, for the peer replicas to track the same."""
+        with self._lock:
+            tracked = self._in_flight.get(worker.url, {}).get(id(request))
+            return tracked.shared if tracked is not None else None
+
+    def on_peer_routed(self, worker: WorkerLoad, key: Hashable, load: SharedLoad) -> None:
+        """A peer's request, tracked as this router's own: its pending prefill and occupancy on the worker, and
+        the lingering turns it continues ended here too."""
         url = worker.url
         with self._lock:
-            requests = self._in_flight.get(url)
-            if requests is None:
-                return
-            tracked = self._take_out(url, requests, id(request))
-            linger = self.config.occupancy_linger_seconds
-            if tracked is not None and linger > 0 and tracked.prompt:
-                serial = next(self._serials)
-                self._lingers[serial] = _Linger(url, tracked.prompt, tracked.end)
-                self._expiry.append((self.kv_index.now() + linger, serial))
-                self._lingering_of[url] = self._lingering_of.get(url, 0) + tracked.prompt
-                self._kv_tokens_of[url] += tracked.prompt
-                if tracked.end is not None:
-                    self._lingering_ends.setdefault(url, {})[tracked.end] = serial
-            if not requests and url not in self._lingering_of:
-                self._forget(url)
+            ends = self._lingering_ends.get(url)
+            for end in load.continued:
+                serial = ends.get(end) if ends else None
+                if serial is not None:
+                    self._end_linger(serial)
+                    ends = self._lingering_ends.get(url)
+            self._track(url, key, load)
+
+    def on_peer_first_token(self, worker: WorkerLoad, key: Hashable) -> None:
+        with self._lock:
+            self._prefilled(worker.url, key)
+
+    def on_peer_complete(self, worker: WorkerLoad, key: Hashable) -> None:
+        with self._lock:
+            self._ended(worker.url, key)
 
     def predicted_load(self, worker: WorkerLoad) -> dict[str, float]:
         """The worker's pending prefill tokens, its predicted queue (pending prefill and occupancy, in seconds)
@@ -432,7 +434,46 @@ class PredictedTtftPolicy(Policy):
         if not left and not self._in_flight[url]:
             self._forget(url)
 
-    def _take_out(self, url: str, requests: dict[int, _InFlight], key: int) -> _InFlight | None:
+    def _track(self, url: str, key: Hashable, shared: SharedLoad) -> None:
+        """Count one request in flight on the worker (this router's, by id(RouteRequest), or a peer's)."""
+        requests = self._in_flight.get(url)
+        if requests is None:
+            requests = self._in_flight[url] = {}
+            self._tokens_of[url] = 0
+            self._kv_tokens_of[url] = self._lingering_of.get(url, 0)
+        self._take_out(url, requests, key)  # the same request routed here again counts once
+        tracked = requests[key] = _InFlight(shared.uncached_tokens, shared.prompt_tokens, shared.end, shared)
+        self._tokens_of[url] += tracked.uncached
+        self._kv_tokens_of[url] += tracked.prompt
+        if len(requests) > self.config.max_in_flight_per_worker:  # a completion was lost
+            self._take_out(url, requests, next(iter(requests)))
+
+    def _prefilled(self, url: str, key: Hashable) -> None:
+        """The request's first token came: its uncached tokens leave the worker's pending prefill."""
+        tracked = self._in_flight.get(url, {}).get(key)
+        if tracked is not None:
+            self._tokens_of[url] -= tracked.uncached
+            tracked.uncached = 0
+
+    def _ended(self, url: str, key: Hashable) -> None:
+        """The request ended: its tokens come out, its prompt lingering in the occupancy for a while."""
+        requests = self._in_flight.get(url)
+        if requests is None:
+            return
+        tracked = self._take_out(url, requests, key)
+        linger = self.config.occupancy_linger_seconds
+        if tracked is not None and linger > 0 and tracked.prompt:
+            serial = next(self._serials)
+            self._lingers[serial] = _Linger(url, tracked.prompt, tracked.end)
+            self._expiry.append((self.kv_index.now() + linger, serial))
+            self._lingering_of[url] = self._lingering_of.get(url, 0) + tracked.prompt
+            self._kv_tokens_of[url] += tracked.prompt
+            if tracked.end is not None:
+                self._lingering_ends.setdefault(url, {})[tracked.end] = serial
+        if not requests and url not in self._lingering_of:
+            self._forget(url)
+
+    def _take_out(self, url: str, requests: dict[Hashable, _InFlight], key: Hashable) -> _InFlight | None:
         """Remove one tracked request of the worker and its tokens (nothing when it is not tracked)."""
         tracked = requests.pop(key, None)
         if tracked is not None:
