@@ -3,7 +3,8 @@
     python -m benchmarks.fleet [--workers 64] [--workload agentic|groups|mooncake:FILE] [--load 0.7]
                                [--rate-scale X] [--seed 0] [--duration 60]
                                [--policies kv_cache_aware,predicted_ttft,round_robin,load_balancing]
-                               [--load-weight 1.0] [--cache-threshold 0.5] [--offline] [--sim-speedup 0.1]
+                               [--load-weight 1.0] [--cache-threshold 0.5] [--offline [--routers N]
+                               [--no-share-load]] [--sim-speedup 0.1]
                                [--kv-events-interval 0.5] [--concurrency 4096] [--request-timeout 1800] [--json]
 
 The workload (`scenario.py`) is cut at `--duration` modelled seconds and its arrival rate scaled until it puts
@@ -25,6 +26,9 @@ fresh fleet (empty caches, zeroed counters):
   `usage.prompt_tokens_details.cached_tokens`. An answer that is not a 200, breaks off or has no content is an
   error. A policy `tokenfront route` does not know is skipped with a note.
 - `--offline`: the same engines, index and policy in this process on a virtual clock (`replay.py`), no HTTP.
+  `--routers N`: N router replicas, the requests dealt to them in turn, each with its own index and policy fed
+  by every engine's events, sharing their in-flight load as `--replica-sync-bind` does (at once: the live
+  sync's milliseconds left out), or not with `--no-share-load`.
 
 The report, per policy: requests, errors, hit rate, oracle hit rate and their ratio, mean/p50/p99 TTFT,
 throughput, the busiest worker's share of requests and of busy GPU time (`results.py`); live runs add the
@@ -97,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         load_weight=args.load_weight,
         cache_threshold=args.cache_threshold,
         predicted_ttft=_predicted_ttft(args),
+        routers=args.routers,
+        share_load=args.share_load,
     )
     started = time.perf_counter()
     try:
@@ -134,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         "sim_speedup": None if args.offline else args.sim_speedup,
         "load_weight": args.load_weight,
         "cache_threshold": args.cache_threshold,
+        "routers": args.routers,
+        "share_load": args.share_load,
         "predicted_ttft": {name: getattr(args, name) for name in _PREDICTED_TTFT_FLAGS.values()},
         "skipped": {},
     }
@@ -207,6 +215,18 @@ def _parser() -> argparse.ArgumentParser:
             help=f"predicted_ttft's {flag}, live and offline (default: {default:g}, the router's)",
         )
     parser.add_argument(
+        "--routers",
+        type=int,
+        default=1,
+        help="offline: router replicas, requests dealt to them in turn, each with its own index (default: 1)",
+    )
+    parser.add_argument(
+        "--no-share-load",
+        dest="share_load",
+        action="store_false",
+        help="offline, with --routers above 1: each replica counts only its own requests (the gap sharing closes)",
+    )
+    parser.add_argument(
         "--offline",
         action="store_true",
         help="replay in this process on a virtual clock instead of through real servers",
@@ -246,6 +266,8 @@ def _check(args: argparse.Namespace) -> None:
     """The flags' mistakes, each a ValueError with one line to print."""
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, not {args.workers}")
+    if args.routers < 1 or (args.routers > 1 and not args.offline):
+        raise ValueError("--routers above 1 is an --offline replay's (at least 1)")
     if not args.load > 0:
         raise ValueError(f"--load must be more than 0, not {args.load}")
     if args.rate_scale is not None and not args.rate_scale > 0:

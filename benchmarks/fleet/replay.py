@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from benchmarks.fleet.requests import TimedRequest
@@ -34,6 +34,7 @@ from benchmarks.fleet.results import Outcome, PolicyRun
 from benchmarks.fleet.virtual_clock import run_virtual
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies import Policy, PredictedTtftConfig, RouteRequest, WorkerLoad, build_policy
+from tokenfront.router.policies.base import SharedLoad
 from tokenfront.worker.engine import NO_TOKEN, GenerationRequest, SamplingParams
 from tokenfront.worker.engines.simulated import SimulatedEngine, SimulatedGpu
 
@@ -65,8 +66,15 @@ class ReplaySettings:
     load_weight: float = 1.0
     cache_threshold: float = 0.5
     predicted_ttft: PredictedTtftConfig = field(default_factory=PredictedTtftConfig)
+    # Router replicas, the requests dealt to them in turn, each with its own index and policy fed by every
+    # engine's events; `share_load`: each tells the others of its requests at once (`router.replica_sync`'s
+    # messages without their milliseconds), else each counts only its own.
+    routers: int = 1
+    share_load: bool = True
 
     def __post_init__(self) -> None:
+        if self.routers < 1:
+            raise ValueError(f"routers must be at least 1, not {self.routers}")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, not {self.workers}")
         if not self.kv_events_interval > 0:
@@ -87,42 +95,64 @@ def replay_policy(policy: str, requests: Sequence[TimedRequest], settings: Repla
 async def _replay(name: str, requests: Sequence[TimedRequest], settings: ReplaySettings) -> PolicyRun:
     loop = asyncio.get_running_loop()
     gpu = settings.gpu
-    index = KvIndex(clock=loop.time)
-    policy = _policy(name, index, settings)
     engines = [
         SimulatedEngine(
             gpu, vocab_size=_VOCAB_SIZE, output_token_ids=_OUTPUT_IDS, kv_event_history=_EVENT_HISTORY
         )
         for _ in range(settings.workers)
     ]
-    loads = [WorkerLoad(f"sim-{i}", tokens_per_block=gpu.tokens_per_block) for i in range(settings.workers)]
-    positions = {load.url: i for i, load in enumerate(loads)}
+    routers = [_Router(name, settings, loop.time) for _ in range(settings.routers)]
+    positions = {load.url: i for i, load in enumerate(routers[0].loads)}
     for engine in engines:
         await engine.start()
     truncated = [0]
-    poller = loop.create_task(_feed_index(engines, loads, index, settings.kv_events_interval, truncated))
+    pollers = [
+        loop.create_task(
+            _feed_index(engines, router.loads, router.index, settings.kv_events_interval, truncated)
+        )
+        for router in routers
+    ]
     given = [0] * settings.workers
     answers: list[asyncio.Task[Outcome]] = []
     try:
         for number, request in enumerate(requests):
             if request.at > loop.time():
                 await asyncio.sleep(request.at - loop.time())
+            router = routers[number % len(routers)]  # replicas behind one address: dealt in turn
+            peers = [peer for peer in routers if peer is not router] if settings.share_load else []
             route = RouteRequest(request.prompt_token_ids())
-            worker = policy.route(loads, route).worker  # as the proxy decides (`Proxy._choose`)
+            worker = router.policy.route(router.loads, route).worker  # as the proxy decides (`Proxy._choose`)
             position = positions[worker.url]
             given[position] += 1
             worker.active_requests += 1
-            policy.on_routed(worker, route)
+            router.policy.on_routed(worker, route)
+            shared = router.policy.shared_load(worker, route) or SharedLoad()
+            for peer in peers:
+                peer.loads[position].active_requests += 1
+                peer.policy.on_peer_routed(peer.loads[position], number, shared)
             answers.append(
-                loop.create_task(_answer(engines[position], worker, policy, route, request, number))
+                loop.create_task(_answer(engines[position], position, router, peers, route, request, number))
             )
         outcomes = list(await asyncio.gather(*answers))
     finally:
-        poller.cancel()
+        for poller in pollers:
+            poller.cancel()
         for engine in engines:
             await engine.stop()
     busy = [engine.stats()["model_seconds"] for engine in engines]
     return PolicyRun(name, outcomes, given, busy, extra={"kv_events_truncated": truncated[0]})
+
+
+class _Router:
+    """One router replica: its index, policy and view of each worker."""
+
+    def __init__(self, name: str, settings: ReplaySettings, clock: Callable[[], float]) -> None:
+        self.index = KvIndex(clock=clock)
+        self.policy = _policy(name, self.index, settings)
+        tokens_per_block = settings.gpu.tokens_per_block
+        self.loads = [
+            WorkerLoad(f"sim-{i}", tokens_per_block=tokens_per_block) for i in range(settings.workers)
+        ]
 
 
 def _policy(name: str, index: KvIndex, settings: ReplaySettings) -> Policy:
@@ -139,15 +169,18 @@ def _policy(name: str, index: KvIndex, settings: ReplaySettings) -> Policy:
 
 async def _answer(
     engine: SimulatedEngine,
-    worker: WorkerLoad,
-    policy: Policy,
+    position: int,
+    router: _Router,
+    peers: Sequence[_Router],
     route: RouteRequest,
     request: TimedRequest,
     number: int,
 ) -> Outcome:
-    """Submit one request and read its stream to the end: its TTFT on the virtual clock, its cached tokens."""
+    """Submit one request and read its stream to the end: its TTFT on the virtual clock, its cached tokens.
+    The routing replica's policy hears of its first token and end, and so do its `peers` when load is shared."""
     loop = asyncio.get_running_loop()
     due = loop.time()
+    worker = router.loads[position]
     assert route.token_ids is not None
     ok = False
     try:
@@ -164,7 +197,9 @@ async def _answer(
                 tokens += 1
                 if first is None:  # the router sees a stream's first event (`Proxy._attempt`)
                     first = loop.time()
-                    policy.on_first_token(worker, route)
+                    router.policy.on_first_token(worker, route)
+                    for peer in peers:
+                        peer.policy.on_peer_first_token(peer.loads[position], number)
             finish = output.finish_reason
         ok = first is not None and finish != "abort"
         if not ok or first is None:
@@ -174,7 +209,10 @@ async def _answer(
         return Outcome(None, len(route.token_ids), error=f"refused: {refused}")
     finally:
         worker.active_requests -= 1
-        policy.on_complete(worker, route, ok)
+        router.policy.on_complete(worker, route, ok)
+        for peer in peers:
+            peer.loads[position].active_requests -= 1
+            peer.policy.on_peer_complete(peer.loads[position], number)
 
 
 async def _feed_index(
