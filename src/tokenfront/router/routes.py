@@ -77,6 +77,7 @@ def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
         "gate": proxy.gate.state.to_json(),
         "workers": [_safely(worker, worker.describe) for worker in list(proxy.pool.workers.values())],
         "kv_index": kv_index.stats(),
+        "kv_warmup": proxy.pool.kv_warmup.to_json() if proxy.pool.kv_warmup is not None else None,
     }
 
 
