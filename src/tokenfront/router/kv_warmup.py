@@ -5,7 +5,8 @@ first event reads, and a worker that ran a while has cut the history a fresh rea
 ``--kv-events-buffer`` events). So the router's lifespan calls ``warm_kv_index`` after the workers' first
 health checks and before it listens: every *active* worker that publishes ``GET /kv_cache_events`` is read
 once up to its ``last_seq`` — its whole retained history, or, when that was cut, the cache's snapshot
-(``worker/kv_snapshot.py``) — retried every ``--kv-events-interval`` while a read fails. The wait is bounded
+(``worker/kv_snapshot.py``) — retried every ``--kv-events-interval`` while a read fails (a worker that leaves
+the active set meanwhile is not waited for). The wait is bounded
 by ``--kv-warmup-timeout`` (``PoolSettings.kv_warmup_timeout``): at the deadline the router serves anyway,
 logs one warning naming how many workers and which are not read yet (their blocks fill in as the periodic
 reads reach them), and ``/server_info`` says so in ``kv_warmup``. Workers that are not answering yet, and
@@ -37,11 +38,12 @@ _NAMED = 5
 @dataclass(frozen=True)
 class KvWarmup:
     """How the start-up read went: of ``workers`` active event publishers, ``read`` were read up to their
-    ``last_seq`` (``snapshots`` of them from a snapshot) in ``seconds``; ``pending`` were not by the deadline
-    ``timeout``."""
+    ``last_seq`` (``snapshots`` of them from a snapshot) in ``seconds``, ``left`` the active set first;
+    ``pending`` were not read by the deadline ``timeout``."""
 
     workers: int
     read: int
+    left: int  # taken out of the active set before they were read: not waited for
     snapshots: int
     blocks: int  # blocks the index holds of those workers afterwards
     seconds: float
@@ -59,6 +61,7 @@ class KvWarmup:
             "complete": self.complete,
             "workers": self.workers,
             "read": self.read,
+            "left": self.left,
             "snapshots": self.snapshots,
             "blocks": self.blocks,
             "seconds": round(self.seconds, 3),
@@ -78,6 +81,7 @@ async def warm_kv_index(pool: WorkerPool) -> KvWarmup:
     workers = len(pending)
     snapshots = 0
     read: list[str] = []
+    left = 0
     if pending and settings.kv_warmup_timeout > 0:
         try:
             async with asyncio.timeout(settings.kv_warmup_timeout):
@@ -92,11 +96,19 @@ async def warm_kv_index(pool: WorkerPool) -> KvWarmup:
                     if not pending:
                         break
                     await asyncio.sleep(settings.kv_events_interval)
+                    # A worker taken out of the active set meanwhile (a failed check) is not waited for.
+                    publishers = {worker.url for worker in pool.event_publishers()}
+                    for url in [url for url in pending if url not in publishers]:
+                        del pending[url]
+                        left += 1
+                    if not pending:
+                        break
         except TimeoutError:
             pass
     warmup = KvWarmup(
         workers=workers,
         read=len(read),
+        left=left,
         snapshots=snapshots,
         blocks=sum(pool.kv_index.blocks_held(url) for url in read),
         seconds=time.monotonic() - started,

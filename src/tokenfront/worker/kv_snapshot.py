@@ -10,7 +10,7 @@ before the first one (``None``: the first block starts a prompt) — a "stored" 
 ``block_hashes``, without the token ids. Chains come parents first: a chain's parent is in an earlier chain (or
 is ``None``). The cache is a tree of blocks (a block's hash names its whole prefix); it is cut into one chain
 per branch, so a snapshot costs one hash per block plus one parent per branch: 16,384 blocks of long
-conversations are ~330 KB of JSON (see docs/contract.md §7 for figures). It is bounded by the cache's own size.
+conversations are ~335 KB of JSON (measured in docs/api.md). It is bounded by the cache's own size.
 """
 
 from __future__ import annotations

@@ -70,7 +70,6 @@ def kv_events_router() -> APIRouter:
             None,
             description="the `log_id` the reader's cursor belongs to: another one (the worker restarted since) "
             "counts as truncated",
-            max_length=64,
         ),
     ) -> JSONBytesResponse:
         service: WorkerService = raw.app.state.service
