@@ -329,6 +329,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             tokens_per_block=args.tokens_per_block,
             kv_cache_max_tokens=_given_or(args.kv_cache_max_tokens, _TRANSFORMERS_KV_CACHE_MAX_TOKENS),
             max_batch_size=_given_or(args.max_batch_size, _TRANSFORMERS_MAX_BATCH_SIZE),
+            kv_event_history=args.kv_events_history,
         )
     except (FileNotFoundError, NotImplementedError, ValueError) as exc:
         raise TokenfrontError(f"cannot load the model: {exc}") from exc
@@ -413,7 +414,7 @@ def _run_serve_simulated(args: argparse.Namespace) -> int:
     from tokenfront.worker.engines.simulated import SimulatedEngine
 
     pipeline = RenderPipeline.load(options_from_args(args))  # as the renderer builds it: the same fingerprint
-    engine = SimulatedEngine.for_pipeline(gpu, pipeline)
+    engine = SimulatedEngine.for_pipeline(gpu, pipeline, kv_event_history=args.kv_events_history)
     log.info(
         "worker ready: model %s, fingerprint %s, engine simulated (a modelled GPU, speedup %g), %d tokens per "
         "block",
@@ -446,7 +447,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
     apps = [
         create_worker_app(
             pipeline,
-            SimulatedEngine.for_pipeline(gpu, pipeline, output_token_ids=pool),
+            SimulatedEngine.for_pipeline(
+                gpu, pipeline, output_token_ids=pool, kv_event_history=args.kv_events_history
+            ),
             api_key=args.api_key,
             max_body_bytes=args.max_body_bytes,
             show_paths=args.show_paths,
@@ -587,6 +590,7 @@ def _run_route(args: argparse.Namespace) -> int:
             health_interval=args.health_interval,
             health_timeout=args.health_timeout,
             kv_events_interval=args.kv_events_interval,
+            kv_warmup_timeout=args.kv_warmup_timeout,
             connect_timeout=args.connect_timeout,
             request_timeout=args.request_timeout,
             first_byte_timeout=args.first_byte_timeout,
@@ -1039,6 +1043,14 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between reads of tokenfront workers' /kv_cache_events (default: 0.5)",
     )
     group.add_argument(
+        "--kv-warmup-timeout",
+        type=_non_negative_float,
+        default=10.0,
+        help="at start-up, seconds to wait for every active tokenfront worker's KV events to be read once (its "
+        "cache's snapshot when its history was cut) before serving; past it the router serves and logs which "
+        "are not read yet; 0: do not wait (default: 10)",
+    )
+    group.add_argument(
         "--connect-timeout",
         type=_positive_float,
         default=5.0,
@@ -1148,6 +1160,7 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_engine_arguments(parser: argparse.ArgumentParser, *, simulated_only: bool = False) -> None:
     """The engine flags of `serve` (both engines) or, with `simulated_only`, of `simulate`."""
     from tokenfront.worker.engines.simulated import SimulatedGpu
+    from tokenfront.worker.kv_events import DEFAULT_MAX_EVENTS
 
     group = parser.add_argument_group("engine")
     if not simulated_only:
@@ -1198,6 +1211,14 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, *, simulated_only: bo
         metavar="N",
         help="tokens one request may hold in the engine: n x (prompt + max_tokens), summed over its prompts "
         f"(default: {DEFAULT_MAX_TOKENS_PER_REQUEST})",
+    )
+    group.add_argument(
+        "--kv-events-history",
+        type=_positive_int,
+        default=DEFAULT_MAX_EVENTS,
+        metavar="EVENTS",
+        help="prefix cache events GET /kv_cache_events keeps for routers; a router whose cursor is older gets "
+        f"the cache's snapshot instead (default: {DEFAULT_MAX_EVENTS})",
     )
     if not simulated_only:
         group.add_argument(

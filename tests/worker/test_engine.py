@@ -603,7 +603,10 @@ def test_a_reader_behind_the_event_history_is_told_to_resync(
     run(engine, body)
     behind, current = engine.kv_events(0), engine.kv_events(1)
     assert behind["truncated"] and behind["oldest_seq"] == 2 and behind["last_seq"] == 3
-    assert [e["seq"] for e in behind["events"]] == [2, 3]
+    # Behind the history: no events, the cache itself as of event 3 (its blocks, chains parents first).
+    assert behind["events"] == [] and behind["snapshot_blocks"] == engine.prefix_cache.num_blocks > 0
+    held = {block for _, chain in behind["snapshot"] for block in chain}
+    assert len(held) == engine.prefix_cache.num_blocks and all(block in engine.prefix_cache for block in held)
     assert not current["truncated"] and [e["seq"] for e in current["events"]] == [2, 3]
 
 

@@ -70,7 +70,7 @@ class ScriptedEngine(Engine):
     def abort(self, request_id: str) -> None:
         pass
 
-    def kv_events(self, after: int, limit: int = 1000) -> dict[str, Any]:
+    def kv_events(self, after: int, limit: int = 1000, log_id: str | None = None) -> dict[str, Any]:
         return {"events": []}
 
 

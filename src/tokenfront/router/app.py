@@ -31,6 +31,7 @@ from tokenfront.router.bounded_render import RenderSettings
 from tokenfront.router.fleet_metrics import FleetMetrics
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
+from tokenfront.router.kv_warmup import warm_kv_index
 from tokenfront.router.policies import build_policy
 from tokenfront.router.probe import Prober
 from tokenfront.router.proxy import Proxy, RouterMetrics
@@ -309,11 +310,14 @@ def _lifespan(
         await pool.start(workers)
         await sources.start()  # their workers added and checked, as the --worker ones, before it serves
         _reevaluate(pool, gate, metrics)  # also with no worker answering yet: the router's own reasons
+        warmup = await warm_kv_index(pool)  # its index knows their caches before it serves
         log.info(
-            "router ready: %d of %d workers active, forwarding ids: %s",
+            "router ready: %d of %d workers active, forwarding ids: %s, KV events of %d of %d read",
             len(pool.active()),
             len(pool.workers),
             "yes" if gate.state.forwarding else "no",
+            warmup.read,
+            warmup.workers,
         )
         try:
             yield

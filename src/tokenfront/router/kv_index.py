@@ -79,7 +79,8 @@ class KvIndex(FleetBlocks):
         """Apply one ``GET /kv_cache_events`` answer (``{events, last_seq, oldest_seq, truncated, log_id}``).
 
         A new ``log_id`` (the worker restarted) or ``truncated`` (the router missed events) drops everything
-        known of the worker before the returned events are applied. Events at or below the cursor (a repeated
+        known of the worker before the returned events are applied; a truncated answer's ``snapshot`` (the
+        worker's cache at ``last_seq``) is applied as its blocks. Events at or below the cursor (a repeated
         read) are skipped; a gap in sequence numbers is treated like ``truncated``. Read again with
         ``after=tokenfront_cursor(worker)``.
         """
@@ -89,6 +90,11 @@ class KvIndex(FleetBlocks):
     def tokenfront_cursor(self, worker: str) -> int:
         """The ``after`` for the next ``GET /kv_cache_events`` read of this worker (0 to start)."""
         return self._feeds[0].cursor(worker)
+
+    def tokenfront_log_id(self, worker: str) -> str | None:
+        """The ``log_id`` of the worker's event log as last read (None before the first read): sent with the
+        next read, so a worker that restarted since answers with its snapshot."""
+        return self._feeds[0].log_id(worker)
 
     def apply_vllm_batch(self, worker: str, batch: object) -> None:
         """Apply one vLLM ``KVEventBatch`` (a ``VllmEventBatch``, its msgpack bytes or its decoded form)."""

@@ -78,6 +78,7 @@ def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
         "workers": [_safely(worker, worker.describe) for worker in list(proxy.pool.workers.values())],
         "kv_index": kv_index.stats(),
         "replica_sync": proxy.sync.describe() if proxy.sync is not None else None,
+        "kv_warmup": proxy.pool.kv_warmup.to_json() if proxy.pool.kv_warmup is not None else None,
     }
 
 

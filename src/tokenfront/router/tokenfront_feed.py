@@ -8,6 +8,12 @@ and which life of the worker's log it reads (``log_id``). A new ``log_id`` (the 
 ``truncated`` (the router missed events) drops everything known of the worker before the returned events are
 applied; events at or below the cursor (a repeated read) are skipped; a gap in sequence numbers is treated like
 ``truncated``.
+
+A truncated answer from a worker that sends its cache's ``snapshot`` (``worker/kv_snapshot.py``: chains of
+block hashes, parents first, as of ``last_seq``) replaces what was known of the worker with those blocks,
+confirmed as "stored" events would, and the cursor moves to ``last_seq``: a router that starts after the
+worker's history was cut knows its cache at once. The reads send the ``log_id`` they follow, so a worker that
+restarted answers with a snapshot too.
 """
 
 from __future__ import annotations
@@ -55,8 +61,9 @@ class TokenfrontFeed:
             self._positions.pop(worker, None)
 
     def apply(self, worker: str, payload: Mapping[str, Any]) -> None:
-        """Apply one answer (``{events, last_seq, oldest_seq, truncated, log_id}``); ``ValueError`` for a
-        malformed one (the events before the bad one stay applied, and the cursor says so).
+        """Apply one answer (``{events, last_seq, oldest_seq, truncated, log_id}``, and ``snapshot`` when
+        truncated); ``ValueError`` for a malformed one (the events before the bad one stay applied, and the
+        cursor says so; a malformed snapshot leaves the worker's blocks forgotten and the cursor where it was).
 
         The answer's events are applied as one change (``FleetBlocks.apply``), split only where the worker's
         blocks are forgotten (a gap, a "cleared" event)."""
@@ -78,6 +85,14 @@ class TokenfrontFeed:
             cursor = 0 if restarted else position.cursor
             changes: list[Stored | Removed] = []
             applied = 0
+            snapshot = payload.get("snapshot")
+            if snapshot is not None and fresh:
+                try:
+                    changes = _snapshot_changes(snapshot, payload.get("last_seq"))
+                except ValueError:
+                    position.log_id, position.cursor = None, 0  # nothing known: the next read starts afresh
+                    raise
+                cursor, fresh = payload["last_seq"], False
             try:
                 for event in events:
                     seq = event.get("seq") if isinstance(event, Mapping) else None
@@ -126,6 +141,24 @@ class TokenfrontFeed:
             changes.append(Removed(_hash_list(event.get("block_hashes"), "block_hashes")))
         # Unknown kinds come from a newer worker: skipping them only loses knowledge, never invents it.
         return kind == "cleared"
+
+
+def _snapshot_changes(snapshot: object, last_seq: object) -> list[Stored | Removed]:
+    """A snapshot's chains (``[[parent or null, [hash, ...]], ...]``) as "stored" changes, or ``ValueError``
+    (also when the answer's ``last_seq``, the snapshot's place in the log, is not a sequence number)."""
+    if type(last_seq) is not int or last_seq < 0:
+        raise ValueError(f"a snapshot comes with its `last_seq`, got {last_seq!r:.80}")
+    if not isinstance(snapshot, list):
+        raise ValueError(f"a snapshot is a list of [parent, [block hashes]] chains, got {snapshot!r:.80}")
+    changes: list[Stored | Removed] = []
+    for chain in snapshot:
+        if not (isinstance(chain, list) and len(chain) == 2):
+            raise ValueError(f"a snapshot chain is [parent, [block hashes]], got {chain!r:.80}")
+        parent, hashes = chain
+        if parent is not None and (type(parent) is not int or not 0 <= parent < 1 << 64):
+            raise ValueError(f"a chain's parent is an unsigned 64-bit integer or null, got {parent!r:.80}")
+        changes.append(Stored(_hash_list(hashes, "snapshot"), parent))
+    return changes
 
 
 def _hash_list(value: object, name: str) -> list[int]:

@@ -40,6 +40,7 @@ from tokenfront.core.reasoning import ReasoningParser, get_reasoning_parser
 from tokenfront.router.connections import WorkerConnections, describe_error
 from tokenfront.router.generate import GENERATE_PATH
 from tokenfront.router.kv_index import KvIndex
+from tokenfront.router.kv_warmup import KvWarmup
 from tokenfront.router.policies.base import WorkerLoad
 from tokenfront.router.probe import NO_PROBER, Prober, ProbeResult, ProbeUnreachable
 from tokenfront.tls import ClientTls
@@ -432,6 +433,8 @@ class Worker:
     last_check: float | None = None
     subscriber: Any = None
     check_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # One read of its KV events at a time (the periodic reads and the start-up's `router.kv_warmup`).
+    events_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Called when a health check finds the worker gone: requests still waiting for it stop waiting and go to
     # another worker. Each caller registers for the time it waits, and unregisters after.
     lost_watchers: set[Callable[[], None]] = field(default_factory=set, repr=False)
@@ -512,6 +515,8 @@ class PoolSettings:
     health_interval: float = 2.0
     health_timeout: float = 5.0
     kv_events_interval: float = 0.5
+    # How long start-up waits for every active worker's KV events to be read once (`router.kv_warmup`).
+    kv_warmup_timeout: float = 10.0
     connect_timeout: float = 5.0
     request_timeout: float = 600.0
     # The proxied requests' bounds on a worker's answer (router.worker_answers).
@@ -593,6 +598,8 @@ class WorkerPool:
         self._tasks: list[asyncio.Task[None]] = []
         # One-off tasks (re-checks, closing a removed worker's pool), held so that they are not collected.
         self._one_offs: set[asyncio.Task[None]] = set()
+        # How the start-up read of KV events went (`router.kv_warmup`); None before it ran.
+        self.kv_warmup: KvWarmup | None = None
 
     # -- membership ------------------------------------------------------------------------------------------
 
@@ -1029,33 +1036,48 @@ class WorkerPool:
             await asyncio.sleep(self.settings.kv_events_interval)
             await self.poll_events()
 
+    def event_publishers(self) -> list[Worker]:
+        """The active workers whose KV events the router reads from `GET /kv_cache_events`."""
+        return [w for w in self.active() if w.kv_events is None and w.report and w.report.publishes_kv_events]
+
     async def poll_events(self) -> None:
         """Read new KV events from every active tokenfront worker into the KV index."""
-        workers = [
-            w for w in self.active() if w.kv_events is None and w.report and w.report.publishes_kv_events
-        ]
-        await asyncio.gather(*(self._poll_worker_events(w) for w in workers))
+        await asyncio.gather(*(self.read_kv_events(w) for w in self.event_publishers()))
 
-    async def _poll_worker_events(self, worker: Worker) -> None:
-        # The index keeps the cursor, and notices a restarted worker (another log_id) or missed events.
+    async def read_kv_events(self, worker: Worker) -> bool | None:
+        """Read the worker's KV events up to its `last_seq` into the index, page by page; None when a read
+        failed or the worker left meanwhile (caught up on the next read), else whether a snapshot came."""
+        async with worker.events_lock:
+            return await self._read_kv_events(worker)
+
+    async def _read_kv_events(self, worker: Worker) -> bool | None:
+        # The index keeps the cursor and the log's id, and notices a restarted worker or missed events; the
+        # id goes with the read, so a restarted worker answers with a snapshot (`worker/kv_events.py`).
+        snapshot = False
         while True:
+            params: dict[str, Any] = {
+                "after": self.kv_index.tokenfront_cursor(worker.url),
+                "limit": _EVENTS_PAGE,
+            }
+            log_id = self.kv_index.tokenfront_log_id(worker.url)
+            if log_id is not None:
+                params["log_id"] = log_id
             try:
                 response = await worker.client.get(
-                    "/kv_cache_events",
-                    params={"after": self.kv_index.tokenfront_cursor(worker.url), "limit": _EVENTS_PAGE},
-                    timeout=self.settings.health_timeout,
+                    "/kv_cache_events", params=params, timeout=self.settings.health_timeout
                 )
                 response.raise_for_status()
                 payload = response.json()
                 if not worker.healthy or self.workers.get(worker.url) is not worker:
-                    return  # taken out or removed while reading: what it held was forgotten
+                    return None  # taken out or removed while reading: what it held was forgotten
                 self.kv_index.apply_tokenfront_events(worker.url, payload)
             except (httpx.HTTPError, ValueError, AttributeError) as exc:
                 # Liveness is the health check's business; a missed poll is caught up on the next one.
                 log.debug("reading KV events of %s failed: %s", worker.url, describe_error(exc))
-                return
+                return None
+            snapshot = snapshot or payload.get("snapshot") is not None
             if len(payload.get("events") or ()) < _EVENTS_PAGE:
-                return
+                return snapshot
 
     # -- vLLM KV events --------------------------------------------------------------------------------------
 

@@ -159,8 +159,9 @@ class Engine(abc.ABC):
         """Stop generating for a request (client gone, stop string found); its stream ends with "abort"."""
 
     @abc.abstractmethod
-    def kv_events(self, after: int, limit: int = 1000) -> dict[str, Any]:
-        """The KV cache event log after sequence number `after` (see worker/kv_events.py)."""
+    def kv_events(self, after: int, limit: int = 1000, log_id: str | None = None) -> dict[str, Any]:
+        """The KV cache event log after sequence number `after` (see worker/kv_events.py); a reader whose
+        cursor is behind the history, or whose `log_id` is another life's, gets the cache's snapshot."""
 
     def stats(self) -> dict[str, float]:
         """Counters for /metrics (prefill tokens computed, prompt tokens from cache, ...)."""

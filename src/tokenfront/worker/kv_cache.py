@@ -27,6 +27,7 @@ import torch
 
 from tokenfront.core.kv_blocks import block_hashes
 from tokenfront.worker.kv_events import KvEventLog
+from tokenfront.worker.kv_snapshot import KvSnapshot, take_snapshot
 
 KvLayers = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -143,6 +144,16 @@ class PrefixKvCache:
             self.stored_blocks += len(new_hashes)
             self.events.stored(new_hashes, first_parent, new_ids, self.tokens_per_block)
             return len(new_hashes)
+
+    def snapshot(self) -> KvSnapshot:
+        """Every block held, as chains, at the event log's last sequence number: what a reader that missed events
+        gets (`KvEventLog.read`). Taken under the cache's lock, under which every change and its event are
+        written, so the blocks are exactly those after event `seq` (the engine thread waits meanwhile: a few
+        milliseconds for a full cache). In insertion order, which puts every parent before its children: a
+        block is added after its parent and a parent is never evicted before its children."""
+        with self._lock:
+            pairs = ((block_hash, block.parent) for block_hash, block in self._blocks.items())
+            return take_snapshot(pairs, self.events.last_seq)
 
     def clear(self) -> None:
         """Drop every block (one "cleared" event)."""

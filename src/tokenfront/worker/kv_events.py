@@ -14,7 +14,9 @@ Every change to the prefix cache appends one event with a sequence number (1, 2,
 Several routers read the same log independently, each from its own cursor: reading never consumes. The log
 keeps a bounded history; a reader whose cursor fell behind it (or comes from another life of the worker: see
 ``log_id``) is told ``truncated`` and should forget what it knew of this worker and continue from
-``last_seq``.
+``last_seq``. When the log is read with its cache's ``snapshot`` (the worker's ``GET /kv_cache_events`` always
+is), such a reader also gets the cache as it is at ``last_seq`` (``worker/kv_snapshot.py``), so it knows
+every block the worker holds without the events it missed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from tokenfront.worker.kv_snapshot import KvSnapshot
 
 DEFAULT_MAX_EVENTS = 10_000
 
@@ -81,32 +85,55 @@ class KvEventLog:
         """Record that every block was dropped; return the event's sequence number."""
         return self._append({"type": "cleared"})
 
-    def read(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+    def read(
+        self,
+        after: int = 0,
+        limit: int = 1000,
+        *,
+        log_id: str | None = None,
+        snapshot: Callable[[], KvSnapshot] | None = None,
+    ) -> dict[str, Any]:
         """The events with ``seq > after``, oldest first, at most ``limit`` of them.
 
         Returns ``{"events", "last_seq", "oldest_seq", "truncated", "log_id"}``. ``oldest_seq`` is the oldest
         event still held (``last_seq + 1`` when none is). ``truncated`` is true when the reader missed events
         — its cursor is older than the history (``after < oldest_seq - 1``) or newer than anything this log
-        wrote (``after > last_seq``: it read a previous life of the worker). A truncated reader should drop
-        its view of this worker's cache and carry on from the events returned.
+        wrote (``after > last_seq``: it read a previous life of the worker), or it names another ``log_id``
+        than this log's (a reader that read another life of the worker). A truncated reader should drop its
+        view of this worker's cache and carry on from the events returned.
+
+        ``snapshot`` (the cache's ``snapshot``: its blocks and the last sequence number they include, taken
+        consistently) is asked only for a truncated reader: the answer then carries ``"snapshot"`` (chains,
+        ``worker/kv_snapshot.py``) and ``"snapshot_blocks"``, no events, and ``last_seq`` is the snapshot's,
+        the reader's next ``after``.
         """
         if after < 0 or limit < 0:
             raise ValueError("after and limit must not be negative")
         with self._lock:
             last_seq = self._last_seq
             oldest_seq = self._events[0]["seq"] if self._events else last_seq + 1
-            truncated = after < oldest_seq - 1 or after > last_seq
-            start = max(after, oldest_seq - 1) if after <= last_seq else oldest_seq - 1
-            # Sequence numbers are contiguous in the deque, so the first wanted event is at a known index.
-            first = start - (oldest_seq - 1)
-            events = [dict(event) for event in itertools.islice(self._events, first, first + limit)]
-        return {
+            truncated = (
+                after < oldest_seq - 1 or after > last_seq or (log_id is not None and log_id != self.log_id)
+            )
+            events: list[dict[str, Any]] = []
+            if not (truncated and snapshot is not None):
+                start = oldest_seq - 1 if truncated else after
+                # Sequence numbers are contiguous in the deque, so the first wanted event is at a known index.
+                first = start - (oldest_seq - 1)
+                events = [dict(event) for event in itertools.islice(self._events, first, first + limit)]
+        answer: dict[str, Any] = {
             "events": events,
             "last_seq": last_seq,
             "oldest_seq": oldest_seq,
             "truncated": truncated,
             "log_id": self.log_id,
         }
+        if truncated and snapshot is not None:
+            # Taken outside the log's lock: a cache writes its events while holding its own lock, so taking
+            # that one under this one could deadlock. The snapshot's own seq says where it stands.
+            taken = snapshot()
+            answer.update(last_seq=taken.seq, snapshot=taken.chains, snapshot_blocks=taken.blocks)
+        return answer
 
     def _append(self, event: dict[str, Any]) -> int:
         with self._lock:

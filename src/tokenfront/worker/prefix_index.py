@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from tokenfront.worker.kv_events import KvEventLog
+from tokenfront.worker.kv_snapshot import KvSnapshot, take_snapshot
 
 __all__ = ["PrefixBlockIndex"]
 
@@ -111,6 +112,14 @@ class PrefixBlockIndex:
             ids = [token_ids[index * size : (index + 1) * size] for index in range(known, len(hashes))]
             self.events.stored(new_hashes, first_parent, ids, size)
         return len(new_hashes)
+
+    def snapshot(self) -> KvSnapshot:
+        """Every block held, as chains, at the event log's last sequence number (0 without a log): what a reader
+        that missed events gets (`KvEventLog.read`). Consistent because the index changes only on the caller's
+        thread (the simulated engine's event loop). Most recent first: every parent is more recent than its
+        children (see the module docstring), so parents come first as the snapshot wants."""
+        seq = self.events.last_seq if self.events is not None else 0
+        return take_snapshot(reversed(self._blocks.items()), seq)
 
     def clear(self) -> None:
         """Drop every block (one "cleared" event)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
@@ -11,6 +10,7 @@ from fastapi.responses import Response
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute
+from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.worker.generate import GenerateService
 from tokenfront.worker.generate_protocol import GenerateRequest
 from tokenfront.worker.service import WorkerService
@@ -54,7 +54,9 @@ def kv_events_router() -> APIRouter:
     @router.get(
         "/kv_cache_events",
         tags=["kv cache"],
-        summary="The prefix cache's stored/removed block events after sequence number `after`",
+        summary="The prefix cache's stored/removed block events after sequence number `after`; a reader that "
+        "missed events gets the cache's snapshot",
+        response_class=JSONBytesResponse,
     )
     async def kv_cache_events(
         raw: Request,
@@ -64,13 +66,18 @@ def kv_events_router() -> APIRouter:
         limit: str | None = Query(
             None, description=f"at most this many events (default 1000, max {MAX_EVENTS_PER_READ})"
         ),
-    ) -> dict[str, Any]:
+        log_id: str | None = Query(
+            None,
+            description="the `log_id` the reader's cursor belongs to: another one (the worker restarted since) "
+            "counts as truncated",
+        ),
+    ) -> JSONBytesResponse:
         service: WorkerService = raw.app.state.service
         # Parsed here rather than typed as int, so that a bad value gets a message naming what is expected.
         after_seq = _non_negative_int(after, "after", default=0)
         count = _non_negative_int(limit, "limit", default=1000)
-        result: dict[str, Any] = service.engine.kv_events(after_seq, min(count, MAX_EVENTS_PER_READ))
-        return result
+        # Encoded here, not validated against a response model: a snapshot is up to the cache's whole size.
+        return JSONBytesResponse(service.engine.kv_events(after_seq, min(count, MAX_EVENTS_PER_READ), log_id))
 
     return router
 

@@ -292,12 +292,17 @@ class SimulatedEngine(Engine):
 
     @classmethod
     def for_pipeline(
-        cls, gpu: SimulatedGpu, pipeline: RenderPipeline, *, output_token_ids: Sequence[int] | None = None
+        cls,
+        gpu: SimulatedGpu,
+        pipeline: RenderPipeline,
+        *,
+        output_token_ids: Sequence[int] | None = None,
+        kv_event_history: int = DEFAULT_MAX_EVENTS,
     ) -> SimulatedEngine:
         """A simulated engine for the checkpoint `pipeline` renders for: its logits width (the config's
         `vocab_size` or the tokenizer's size, whichever is larger), its context as vLLM derives it (unless the
         GPU sets one), and output drawn from `output_token_ids` (default: `output_token_pool(pipeline)`; a
-        fleet computes it once)."""
+        fleet computes it once); `kv_event_history`: events its log keeps."""
         config = pipeline.checkpoint.config
         vocab_size = max(int(config.get("vocab_size") or 0), pipeline.vocab_size)
         return cls(
@@ -305,6 +310,7 @@ class SimulatedEngine(Engine):
             vocab_size=vocab_size,
             output_token_ids=output_token_pool(pipeline) if output_token_ids is None else output_token_ids,
             max_context=max_model_len(config),
+            kv_event_history=kv_event_history,
         )
 
     # ------------------------------------------------------------------ the Engine interface
@@ -382,9 +388,10 @@ class SimulatedEngine(Engine):
             self.abort(request_id)
         return len(live)
 
-    def kv_events(self, after: int, limit: int = 1000) -> dict[str, Any]:
-        """The KV event log after `after` (see `worker/kv_events.py` for the events and the reply's fields)."""
-        return self.events.read(after, limit)
+    def kv_events(self, after: int, limit: int = 1000, log_id: str | None = None) -> dict[str, Any]:
+        """The KV event log after `after` (see `worker/kv_events.py` for the events and the reply's fields);
+        a reader that missed events gets the prefix cache's snapshot instead."""
+        return self.events.read(after, limit, log_id=log_id, snapshot=self.prefix_cache.snapshot)
 
     def stats(self) -> dict[str, float]:
         """Counters: requests, prompt tokens (total / from cache / computed), modelled prefill and decode

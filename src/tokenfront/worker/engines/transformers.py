@@ -254,9 +254,10 @@ class TransformersEngine(Engine):
             self._submissions.put(None)  # wake an idle loop
         return len(live)
 
-    def kv_events(self, after: int, limit: int = 1000) -> dict[str, Any]:
-        """The KV event log after `after` (see `worker/kv_events.py` for the events and the reply's fields)."""
-        return self.events.read(after, limit)
+    def kv_events(self, after: int, limit: int = 1000, log_id: str | None = None) -> dict[str, Any]:
+        """The KV event log after `after` (see `worker/kv_events.py` for the events and the reply's fields);
+        a reader that missed events gets the prefix cache's snapshot instead."""
+        return self.events.read(after, limit, log_id=log_id, snapshot=self.prefix_cache.snapshot)
 
     def stats(self) -> dict[str, float]:
         """Counters: requests, prompt tokens (total / from cache / computed), decode steps and batch sizes."""
