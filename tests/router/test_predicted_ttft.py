@@ -376,11 +376,15 @@ def test_a_peer_replicas_requests_count_as_this_routers_own() -> None:
     assert shared is not None and (shared.uncached_tokens, shared.prompt_tokens) == (1000, 1000)
     assert shared.end == (1000 // TPB - 1, int(block_hashes(turn.token_ids or [], TPB)[-1]))
     policy.on_peer_routed(pool[1], ("peer", 1), shared)
-    assert policy.predicted_load(pool[1]) == peer.predicted_load(pool[1]) == {
-        "pending_prefill_tokens": 1000.0,
-        "predicted_queue_seconds": (1000 + 0.25 * 1000) / RATE,
-        "tracked_requests": 1.0,
-    }
+    assert (
+        policy.predicted_load(pool[1])
+        == peer.predicted_load(pool[1])
+        == {
+            "pending_prefill_tokens": 1000.0,
+            "predicted_queue_seconds": (1000 + 0.25 * 1000) / RATE,
+            "tracked_requests": 1.0,
+        }
+    )
     assert policy.select(pool, RouteRequest(ids(40))).url == "http://w0"  # w1 is busy with the peer's prompt
     policy.on_peer_first_token(pool[1], ("peer", 1))
     assert policy.predicted_load(pool[1])["pending_prefill_tokens"] == 0.0
