@@ -3,15 +3,21 @@
 Issue 21, item 2's acceptance: at 256 simulated workers a restarted router reports ready within 5 s, its KV
 index within 5 % of a live replica's block count, and the replicas that stayed lose no request.
 
-    python -m benchmarks.router_restart [--workers 256] [--routers 3] [--clients 24] [--fill-tokens 32768]
-                                        [--kv-events-history 8] [--before-seconds 30] [--after-seconds 15]
-                                        [--sim-speedup 1] [--json]
+    python -m benchmarks.router_restart [--workers 256] [--routers 3] [--clients 24] [--fill-tokens 16384]
+                                        [--kv-events-history 4] [--before-seconds 20] [--after-seconds 10]
+                                        [--health-interval 10] [--kv-events-interval 2] [--sim-speedup 1]
+                                        [--json]
 
 1. `tokenfront simulate --workers N --port 0 --kv-events-history H` (one process; docs/simulation.md), and
    `--routers` `tokenfront route --policy kv_cache_aware --worker-file FILE` replicas in front of it, each
-   waited for until it answers /health and lists every worker healthy.
+   waited for until it answers /health and lists every worker healthy. The routers check their workers every
+   `--health-interval` and read their events every `--kv-events-interval` seconds: one process serves all the
+   workers' HTTP on one event loop, and three routers at their defaults (2 s: 3-4 requests a worker; 0.5 s)
+   would send it ~2,700 requests a second, more than it carries on a 2-core machine (~150 a core).
 2. Caches filled: `--fill-tokens` prompt tokens per worker (prompts of 8,192 ids) sent straight to the
    workers, so the index is large; the routers learn them from the workers' events as they run.
+   `--kv-events-history` is shorter than what each worker writes, so the restarted router's reads are
+   answered with snapshots (a fresh router reads an uncut history from its start instead).
 3. Traffic through the routers: `--clients` closed-loop clients, each an agentic session on one of 16 system
    prompts (4,096 ids), a task, then turns adding 500-2,000 ids of tool output (`/v1/completions` of ids, 16
    tokens answered, not streamed), 10-30 turns a session and at most 32,000 ids; each request goes to the next live router.
@@ -87,12 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--routers", type=int, default=3)
     parser.add_argument("--clients", type=int, default=24, help="closed-loop sessions in flight")
     parser.add_argument(
-        "--fill-tokens", type=int, default=32768, help="prompt tokens sent to each worker first"
+        "--fill-tokens", type=int, default=16384, help="prompt tokens sent to each worker first"
     )
-    parser.add_argument("--kv-events-history", type=int, default=8, help="events each worker's log keeps")
-    parser.add_argument("--before-seconds", type=float, default=30.0)
-    parser.add_argument("--after-seconds", type=float, default=15.0)
+    parser.add_argument("--kv-events-history", type=int, default=4, help="events each worker's log keeps")
+    parser.add_argument("--before-seconds", type=float, default=20.0)
+    parser.add_argument("--after-seconds", type=float, default=10.0)
     parser.add_argument("--sim-speedup", type=float, default=1.0)
+    parser.add_argument("--health-interval", type=float, default=10.0, help="the routers' (default: 10)")
+    parser.add_argument("--kv-events-interval", type=float, default=2.0, help="the routers' (default: 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as one JSON document")
     args = parser.parse_args(argv)
@@ -125,6 +133,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 port = free_port()
                 route = [sys.executable, "-m", "tokenfront.cli", "route", "--model", str(model)]
                 route += ["--policy", "kv_cache_aware", "--worker-file", str(worker_file)]
+                route += ["--health-interval", str(args.health_interval)]
+                route += ["--kv-events-interval", str(args.kv_events_interval)]
                 route += ["--host", "127.0.0.1", "--port", str(port)]
                 server = launch(f"route-{number}", route, port=port, log_dir=logs)
                 started.append(server)
@@ -146,6 +156,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         fill_tokens_per_worker=args.fill_tokens,
         kv_events_history=args.kv_events_history,
         sim_speedup=args.sim_speedup,
+        router_health_interval=args.health_interval,
+        router_kv_events_interval=args.kv_events_interval,
         fleet_start_seconds=round(fleet_seconds, 1),
         first_start_ready_seconds=[round(seconds, 2) for seconds in first_ready],
         fill_seconds=round(fill_seconds, 1),
