@@ -351,12 +351,13 @@ def _kv_event_publisher(args: argparse.Namespace) -> Any:
         if args.kv_events_replay_endpoint is not None:
             raise TokenfrontError("--kv-events-replay-endpoint needs --kv-events-endpoint (the PUB socket)")
         return None
-    from tokenfront.worker.zmq_events import ZmqEventPublisher, check_endpoint
+    from tokenfront.server.zmq_endpoints import check_bind_endpoint
+    from tokenfront.worker.zmq_events import ZmqEventPublisher
 
-    endpoint = check_endpoint(args.kv_events_endpoint, "--kv-events-endpoint")
+    endpoint = check_bind_endpoint(args.kv_events_endpoint, "--kv-events-endpoint")
     replay = args.kv_events_replay_endpoint
     if replay is not None:
-        replay = check_endpoint(replay, "--kv-events-replay-endpoint")
+        replay = check_bind_endpoint(replay, "--kv-events-replay-endpoint")
     publisher = ZmqEventPublisher(endpoint, replay_endpoint=replay, buffer_steps=args.kv_events_buffer)
     log.info("publishing KV events on %s%s", endpoint, f" (replay on {replay})" if replay else "")
     return publisher
@@ -637,7 +638,8 @@ def _replica_sync(args: argparse.Namespace) -> ReplicaSyncSettings | None:
     """`--replica-sync-bind` and `--replica-peer` (TokenfrontError, one line, for a bad address or peers without
     a bind)."""
     from tokenfront.router.app import ReplicaSyncSettings
-    from tokenfront.router.replica_sync import check_sync_endpoint
+    from tokenfront.router.workers import check_kv_endpoint
+    from tokenfront.server.zmq_endpoints import check_bind_endpoint
 
     if args.replica_sync_bind is None:
         if args.replica_peer:
@@ -645,8 +647,11 @@ def _replica_sync(args: argparse.Namespace) -> ReplicaSyncSettings | None:
                 "--replica-peer needs --replica-sync-bind: a replica hears its peers only when it publishes too"
             )
         return None
-    bind = check_sync_endpoint(args.replica_sync_bind, "--replica-sync-bind")
-    peers = tuple(check_sync_endpoint(peer, "--replica-peer") for peer in args.replica_peer)
+    bind = check_bind_endpoint(args.replica_sync_bind, "--replica-sync-bind")
+    try:  # a peer is connected to, as a vLLM worker's kv-events endpoint is: the same rules
+        peers = tuple(check_kv_endpoint(peer, "--replica-peer") for peer in args.replica_peer)
+    except ValueError as exc:
+        raise TokenfrontError(str(exc)) from None
     return ReplicaSyncSettings(bind, peers)
 
 

@@ -147,7 +147,7 @@ def test_a_replica_that_dies_takes_its_load_with_it(replicas: list[Any]) -> None
         (["--replica-sync-bind", "http://127.0.0.1:5600"], "--replica-sync-bind http://127.0.0.1:5600: give"),
         (
             ["--replica-sync-bind", "tcp://127.0.0.1:5600", "--replica-peer", "127.0.0.1:5601"],
-            "--replica-peer 127.0.0.1:5601: give",
+            "--replica-peer '127.0.0.1:5601': expected tcp://HOST:PORT (or ipc://PATH)",
         ),
     ],
 )

@@ -31,7 +31,6 @@ message is dropped and counted: a peer can cost a bounded amount of memory and n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -46,8 +45,9 @@ import zmq.asyncio
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.router.policies.base import Policy, RouteRequest, SharedLoad, WorkerLoad
 from tokenfront.router.workers import Worker, WorkerPool
+from tokenfront.server.tasks import cancel_and_wait
 
-__all__ = ["DEFAULT_HEARTBEAT", "DEFAULT_PEER_TIMEOUT", "ReplicaSync", "check_sync_endpoint"]
+__all__ = ["DEFAULT_HEARTBEAT", "DEFAULT_PEER_TIMEOUT", "ReplicaSync"]
 
 log = logging.getLogger(__name__)
 
@@ -59,20 +59,6 @@ DEFAULT_MAX_PEER_REQUESTS = 65_536
 _SEND_HIGH_WATER = 100_000
 _MAX_MESSAGE_BYTES = 1 << 20
 _MAX_URL = 2048
-
-
-def check_sync_endpoint(endpoint: str, flag: str) -> str:
-    """A ZMQ endpoint (`tcp://HOST:PORT`, `tcp://*:PORT` to bind every interface, `ipc://PATH`), else one line."""
-    scheme, _, rest = endpoint.partition("://")
-    if scheme == "ipc" and rest:
-        return endpoint
-    host, _, port = rest.rpartition(":")
-    if scheme != "tcp" or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise TokenfrontError(
-            f"{flag} {endpoint}: give a ZMQ address as tcp://HOST:PORT (tcp://*:5600 to bind every interface) "
-            "or ipc://PATH"
-        )
-    return endpoint
 
 
 @dataclass
@@ -222,11 +208,7 @@ class ReplicaSync:
         log.info("replica sync: publishing on %s, subscribed to %d peers", self.bind, len(self.peers))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         if self._sub is not None:
             self._sub.close()

@@ -38,7 +38,7 @@ import zmq
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.worker.kv_events import KvEventLog
 
-__all__ = ["END_SEQ", "ZmqEventPublisher", "check_endpoint", "encode_batch"]
+__all__ = ["END_SEQ", "ZmqEventPublisher", "encode_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +47,6 @@ MEDIUM = "GPU"  # vLLM's MEDIUM_GPU: the engine's own cache
 # Events put in one batch at most; more wait for the next (vLLM sends each engine step's events as one batch).
 _MAX_BATCH_EVENTS = 1024
 _POLL_SECONDS = 0.05
-
-
-def check_endpoint(endpoint: str, flag: str) -> str:
-    """A ZMQ endpoint this worker can bind (`tcp://HOST:PORT`, `tcp://*:PORT`, `ipc://PATH`), else one line."""
-    scheme, _, rest = endpoint.partition("://")
-    if scheme == "ipc" and rest:
-        return endpoint
-    host, _, port = rest.rpartition(":")
-    if scheme != "tcp" or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise TokenfrontError(
-            f"{flag} {endpoint}: give the address to bind as tcp://HOST:PORT (tcp://*:5557 for every interface) "
-            "or ipc://PATH"
-        )
-    return endpoint
 
 
 def _event(entry: dict[str, Any]) -> dict[str, Any]:
