@@ -33,6 +33,7 @@ from tokenfront.router.workers import (
     WorkerSpec,
     worker_identity,
 )
+from tokenfront.server.tasks import cancel_and_wait
 
 __all__ = [
     "DEFAULT_INTERVAL",
@@ -233,11 +234,7 @@ class WorkerSources:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             self._on_sighup = False
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     async def _follow(self, members: SourceMembers, wake: asyncio.Event) -> None:

@@ -43,6 +43,7 @@ from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.kv_warmup import KvWarmup
 from tokenfront.router.policies.base import WorkerLoad
 from tokenfront.router.probe import NO_PROBER, Prober, ProbeResult, ProbeUnreachable
+from tokenfront.server.tasks import cancel_and_wait
 from tokenfront.tls import ClientTls
 
 log = logging.getLogger(__name__)
@@ -1012,11 +1013,7 @@ class WorkerPool:
 
     async def stop(self) -> None:
         """Stop the loops and subscribers and close every connection pool."""
-        for task in [*self._tasks, *self._one_offs]:
-            task.cancel()
-        for task in [*self._tasks, *self._one_offs]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([*self._tasks, *self._one_offs])
         for worker in self.workers.values():
             self._stop_subscriber(worker)
             worker.connections.close()
