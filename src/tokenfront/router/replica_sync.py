@@ -278,7 +278,7 @@ class ReplicaSync:
         serial = _serial(serial)
         if not isinstance(url, str) or len(url) > _MAX_URL:
             raise ValueError("a worker url")
-        worker = self.pool.workers.get(url) or self.pool.find(url)
+        worker = self.pool.find(url)  # the exact spelling first, a dict lookup
         if worker is None:
             return  # a worker this replica does not have (yet)
         if not isinstance(continued, list):
