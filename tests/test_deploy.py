@@ -5,12 +5,12 @@
 - Every flag a container passes (the manifests' `command`/`args`, the Dockerfiles' `ENTRYPOINT`/`CMD`) exists in
   the `--help` of the tokenfront command it runs, read from real `tokenfront render|serve|route --help` calls;
   values of choice flags are among the choices, and required flags are given.
-- The pieces fit: ports, probes and Services agree with `--port`; the routers list every worker pod; the three
-  tiers pass the same rendering options; keys come from the Secret through the variables the commands read.
+- The pieces fit: ports, probes and Services agree with `--port`; the routers find the workers by their headless
+  Service and each other by theirs; the three tiers pass the same rendering options; keys come from the Secret through the variables the commands read.
 - The Dockerfiles: the renderer's never installs the `worker` extra (no torch), the worker's pins the torch
   that pyproject.toml pins; and the package's own dependencies (the renderer image's) never reach torch.
 - `test_manifests_run` (slow) starts the three commands with the manifests' own args and environment (only the
-  model folder, the worker URL and the port changed) and sends a request through them.
+  model folder, the worker address, the replica-sync endpoints and the port changed) and sends a request through them.
 """
 
 from __future__ import annotations
@@ -361,12 +361,12 @@ def test_manifests_validate_against_kubernetes_schemas() -> None:
     assert validated == {
         "Namespace": 1,
         "PersistentVolumeClaim": 1,
-        "Deployment": 2,
-        "StatefulSet": 1,
-        "Service": 3,
+        "Deployment": 1,
+        "StatefulSet": 2,
+        "Service": 4,
         "HorizontalPodAutoscaler": 1,
     }
-    assert sum(validated.values()) == 9
+    assert sum(validated.values()) == 10
 
 
 def test_the_guides_yaml_validates() -> None:
@@ -413,7 +413,7 @@ def test_every_flag_exists_in_the_commands_help() -> None:
     flags = {where: invocation.flags_checked for where, invocation in invocations.items()}
     assert flags == {
         "Deployment/tokenfront-renderer container renderer": 7,
-        "Deployment/tokenfront-router container router": 10,
+        "StatefulSet/tokenfront-router container router": 14,
         "StatefulSet/tokenfront-worker container worker": 10,
     }
     # --policy kv_cache_aware (route) and --device cpu (serve) are choice flags.
@@ -457,16 +457,30 @@ def test_a_wrong_flag_fails_loudly() -> None:
         command_help("no-such-command")
 
 
+def _listening_port(container: Container, port_name: str) -> int:
+    """The port a command listens on for a named container port: `http` is `--port`; `replica-sync` is the
+    port of the router's `--replica-sync-bind tcp://*:PORT`."""
+    invocation = container.invocation()
+    if port_name == "replica-sync":
+        bind = invocation.last("--replica-sync-bind") or ""
+        assert bind.startswith("tcp://*:"), f"{container.where}: --replica-sync-bind {bind!r}"
+        return int(bind.rpartition(":")[2])
+    assert port_name == "http", f"{container.where}: no rule for a port named {port_name}"
+    return int(invocation.last("--port") or 0)
+
+
 def test_ports_probes_and_services_agree_with_port() -> None:
     probes = services = 0
     for container in containers():
-        port = int(container.invocation().last("--port") or 0)
+        port = _listening_port(container, "http")
         assert resolve_port("http", container.spec) == port, container.where
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             check = container.spec[probe]["httpGet"]
             assert check["path"] == "/health", container.where
             assert resolve_port(check["port"], container.spec) == port, f"{container.where} {probe}"
             probes += 1
+        for entry in container.spec["ports"]:
+            assert entry["containerPort"] == _listening_port(container, entry["name"]), container.where
     for service in of_kind("Service"):
         selector = service["spec"]["selector"]
         matching = [
@@ -477,24 +491,39 @@ def test_ports_probes_and_services_agree_with_port() -> None:
         assert len(matching) == 1, f"Service {service['metadata']['name']} selects {len(matching)} workloads"
         (target,) = matching
         assert selector == target.workload["spec"]["selector"]["matchLabels"]
-        port = int(target.invocation().last("--port") or 0)
         for entry in service["spec"]["ports"]:
-            assert resolve_port(entry["targetPort"], target.spec) == port, service["metadata"]["name"]
+            listening = _listening_port(target, entry["targetPort"])
+            assert resolve_port(entry["targetPort"], target.spec) == listening, service["metadata"]["name"]
             services += 1
-    assert (probes, services) == (9, 3)
+    assert (probes, services) == (9, 4)
 
 
-def test_routers_list_every_worker_pod() -> None:
+def test_routers_find_the_workers_and_each_other_through_headless_services() -> None:
+    """The routers follow the worker pods by DNS (the workers' headless Service: one A record per ready pod),
+    and each replica names every router pod as a replica-sync peer (itself included: it ignores its own
+    messages), through the routers' own headless Service."""
     workers = named("StatefulSet", "tokenfront-worker")
     headless = named("Service", workers["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"
-    port = by_command()["serve"].invocation().last("--port")
+    assert not headless["spec"].get("publishNotReadyAddresses", False)  # a worker joins when it is ready
+    route = by_command()["route"]
+    worker_port = by_command()["serve"].invocation().last("--port")
+    invocation = route.invocation()
+    assert invocation.every("--worker-dns") == [f"{headless['metadata']['name']}:{worker_port}"]
+    assert invocation.every("--worker") == []
+
+    routers = route.workload
+    assert routers["kind"] == "StatefulSet"
+    peers = named("Service", routers["spec"]["serviceName"])
+    assert peers["spec"]["clusterIP"] == "None"
+    assert peers["spec"]["publishNotReadyAddresses"] is True  # a starting replica is heard while it warms up
+    sync_port = _listening_port(route, "replica-sync")
     expected = [
-        f"http://{workers['metadata']['name']}-{ordinal}.{headless['metadata']['name']}:{port}"
-        for ordinal in range(workers["spec"]["replicas"])
+        f"tcp://{routers['metadata']['name']}-{ordinal}.{peers['metadata']['name']}:{sync_port}"
+        for ordinal in range(routers["spec"]["replicas"])
     ]
-    assert by_command()["route"].invocation().every("--worker") == expected
-    assert len(expected) == 2
+    assert invocation.every("--replica-peer") == expected
+    assert len(expected) == 3
 
 
 def test_every_tier_passes_the_same_rendering_options() -> None:
@@ -669,7 +698,10 @@ def test_the_renderer_images_dependencies_never_reach_torch() -> None:
 
 @pytest.mark.slow
 def test_manifests_run(
-    server_factory: Callable[..., Any], checkpoint: Callable[[str], Path], tmp_path: Path
+    server_factory: Callable[..., Any],
+    checkpoint: Callable[[str], Path],
+    pick_port: Callable[[], int],
+    tmp_path: Path,
 ) -> None:
     """The three commands started with the manifests' args and Secret-fed environment, on SmolLM2 (a model the
     machine has) instead of Qwen3-0.6B: the keys are wired right and the routers forward ids to the worker."""
@@ -691,7 +723,13 @@ def test_manifests_run(
 
     worker = start("serve", {})
     renderer = start("render", {})
-    router = start("route", {"--worker": [worker.url]})
+    # The manifests' DNS name and peer names resolve only in the cluster: the worker by its address, the
+    # replica sync on a loopback port, the router its own only peer.
+    sync = f"tcp://127.0.0.1:{pick_port()}"
+    router = start(
+        "route",
+        {"--worker-dns": [], "--worker": [worker.url], "--replica-sync-bind": [sync], "--replica-peer": [sync]},
+    )
 
     client = {"Authorization": f"Bearer {secret['api-key']}"}
     worker_key = {"Authorization": f"Bearer {secret['worker-api-key']}"}
