@@ -728,7 +728,12 @@ def test_manifests_run(
     sync = f"tcp://127.0.0.1:{pick_port()}"
     router = start(
         "route",
-        {"--worker-dns": [], "--worker": [worker.url], "--replica-sync-bind": [sync], "--replica-peer": [sync]},
+        {
+            "--worker-dns": [],
+            "--worker": [worker.url],
+            "--replica-sync-bind": [sync],
+            "--replica-peer": [sync],
+        },
     )
 
     client = {"Authorization": f"Bearer {secret['api-key']}"}
