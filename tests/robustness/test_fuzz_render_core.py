@@ -56,7 +56,6 @@ from pydantic import BaseModel, ValidationError
 from tokenfront import fixtures
 from tokenfront.core.errors import RenderError
 from tokenfront.core.render import RenderPipeline
-from tokenfront.core.requests import anthropic, responses
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import (
     AnthropicMessagesRequest,
@@ -757,17 +756,13 @@ def test_responses_bodies_render_or_are_a_400(
 
     def render() -> list[int]:
         request, parsed, raw = _as_served(body, ResponsesRequest)
-        chat = responses.to_chat_request(request)
         content, rendered = render_converted_response(
-            pipeline, chat, kind="responses", request_id="resp_fuzz", body=parsed, raw=raw
+            pipeline, request, request_id="resp_fuzz", body=parsed, raw=raw
         )
         assert json.loads(content)["token_ids"] == rendered.token_ids
         return rendered.token_ids
 
     _outcome(f"responses[{name}]", body, render)
-
-
-_TRAITS: dict[str, anthropic.AnthropicTemplateTraits] = {}
 
 
 @_SETTINGS
@@ -776,16 +771,13 @@ def test_anthropic_bodies_render_or_are_a_400(
     loaded: tuple[str, Path, RenderPipeline], body: dict[str, Any]
 ) -> None:
     name, _, pipeline = loaded
-    if name not in _TRAITS:
-        _TRAITS[name] = anthropic.AnthropicTemplateTraits.probe(pipeline)
 
     def render() -> list[int]:
         request, parsed, raw = _as_served(
             {"model": pipeline.served_model_names[0], **body}, AnthropicMessagesRequest
         )
-        chat = anthropic.to_chat_request(request, _TRAITS[name])
         content, rendered = render_converted_response(
-            pipeline, chat, kind="messages", request_id="chatcmpl-fuzz", body=parsed, raw=raw
+            pipeline, request, request_id="chatcmpl-fuzz", body=parsed, raw=raw
         )
         assert json.loads(content)["token_ids"] == rendered.token_ids
         return rendered.token_ids

@@ -1,11 +1,15 @@
 """The one rendering pipeline: an OpenAI chat or completions request in, prompt token ids out.
 
 The renderer, the worker and the router all call `RenderPipeline.render_chat` / `render_completion`; nothing
-else in tokenfront turns a request into ids.
+else in tokenfront turns a request into ids. Anthropic Messages and OpenAI Responses bodies are converted to
+the chat request vLLM builds from them (`core/requests/`) and rendered as chats (`render_messages`,
+`render_responses`). It is also the library (docs/python-api.md): everything a server needs to know about a
+loaded checkpoint is derived here, once, never cached by a route.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import re
@@ -13,17 +17,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenfront.core.checkpoint import Checkpoint, load_checkpoint
+from tokenfront.core.context_length import max_model_len
 from tokenfront.core.errors import CheckpointError, RenderError
 from tokenfront.core.families import ChatFormat, chat_format_for
 from tokenfront.core.fingerprint import Fingerprint, build_fingerprint, prefetch_tokenizer_hashes
 from tokenfront.core.messages import normalize_messages
 from tokenfront.core.reasoning import ReasoningParser, get_reasoning_parser, reasoning_ended
+from tokenfront.core.requests import anthropic, responses
 from tokenfront.core.templates import ChatTemplate, compile_template
 from tokenfront.core.tokenization import TokenizerBackend, backend_for
 from tokenfront.core.tokenizer_files import tokenizer_source_file
 from tokenfront.core.tool_calls import ToolCallParser, get_tool_call_parser
 from tokenfront.options import RenderOptions
-from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.protocol import (
+    AnthropicMessagesRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponsesRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +288,26 @@ class RenderPipeline:
             )
         return {**self.options.default_chat_template_kwargs, **given}
 
+    # -- the other APIs' bodies, as chats ---------------------------------------------------------------------
+
+    @functools.cached_property
+    def anthropic_traits(self) -> anthropic.AnthropicTemplateTraits:
+        """What vLLM finds out about the chat template for the Messages API (whether inline system messages
+        merge, what disabled thinking becomes), probed by rendering on first use and kept."""
+        return anthropic.AnthropicTemplateTraits.probe(self)
+
+    def messages_chat_request(self, request: AnthropicMessagesRequest) -> ChatCompletionRequest:
+        """The chat request vLLM builds from an Anthropic Messages body (RenderError on what it refuses)."""
+        return anthropic.to_chat_request(request, self.anthropic_traits)
+
+    def render_messages(self, request: AnthropicMessagesRequest) -> RenderedPrompt:
+        """Render an Anthropic Messages body: the ids of the conversation vLLM builds from it."""
+        return self.render_chat(self.messages_chat_request(request))
+
+    def render_responses(self, request: ResponsesRequest) -> RenderedPrompt:
+        """Render an OpenAI Responses body: the ids of the conversation vLLM builds from it."""
+        return self.render_chat(responses.to_chat_request(request))
+
     # -- completions -----------------------------------------------------------------------------------------
 
     def render_completion(self, request: CompletionRequest) -> list[RenderedPrompt]:
@@ -341,6 +372,11 @@ class RenderPipeline:
             raise RenderError(
                 f"the tokenizer could not encode {param} ({type(exc).__name__}: {exc})", param=param
             ) from exc
+
+    @functools.cached_property
+    def max_model_len(self) -> int:
+        """The model's context length from its config (vLLM's `max_model_len`), found on first use."""
+        return max_model_len(self.checkpoint.config)
 
     def serves(self, model: str | None) -> bool:
         """Whether `model` (absent means the served model) names this model."""

@@ -24,9 +24,7 @@ from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from tokenfront.core.context_length import max_model_len
 from tokenfront.core.render import RenderedPrompt, RenderPipeline
-from tokenfront.core.requests import anthropic, responses
 from tokenfront.protocol import (
     AnthropicMessagesRequest,
     ChatCompletionRequest,
@@ -122,16 +120,18 @@ def render_chat_response(
 
 def render_converted_response(
     pipeline: RenderPipeline,
-    request: ChatCompletionRequest,
+    request: AnthropicMessagesRequest | ResponsesRequest,
     *,
-    kind: str,
     request_id: str,
     body: dict[str, Any],
     raw: bytes,
 ) -> tuple[bytes, RenderedPrompt]:
-    """The render answer for another API's body (`kind` "messages" or "responses"), converted to the chat
-    `request` vLLM builds from it; the envelope echoes the original body."""
-    rendered = pipeline.render_chat(request)
+    """The render answer for another API's body (kind "messages" or "responses"), rendered as the chat
+    request vLLM builds from it; the envelope echoes the original body."""
+    if isinstance(request, AnthropicMessagesRequest):
+        kind, rendered = "messages", pipeline.render_messages(request)
+    else:
+        kind, rendered = "responses", pipeline.render_responses(request)
     return _chat_envelope(pipeline, rendered, kind=kind, request_id=request_id, body=body, raw=raw), rendered
 
 
@@ -184,34 +184,6 @@ def _responses_request_id(request: ResponsesRequest) -> str:
     return request.request_id or f"resp_{secrets.token_hex(16)}"
 
 
-class _PipelineFacts:
-    """What the routes derive from the pipeline once, on first use (vLLM derives them at start-up)."""
-
-    def __init__(self, pipeline: RenderPipeline) -> None:
-        self.pipeline = pipeline
-        self._max_model_len: int | None = None
-        self._anthropic: anthropic.AnthropicTemplateTraits | None = None
-
-    @property
-    def max_model_len(self) -> int:
-        if self._max_model_len is None:
-            self._max_model_len = max_model_len(self.pipeline.checkpoint.config)
-        return self._max_model_len
-
-    @property
-    def anthropic_traits(self) -> anthropic.AnthropicTemplateTraits:
-        if self._anthropic is None:
-            self._anthropic = anthropic.AnthropicTemplateTraits.probe(self.pipeline)
-        return self._anthropic
-
-
-def _facts(app: FastAPI) -> _PipelineFacts:
-    facts = getattr(app.state, "render_facts", None)
-    if facts is None or facts.pipeline is not app.state.pipeline:
-        facts = app.state.render_facts = _PipelineFacts(app.state.pipeline)
-    return facts
-
-
 def render_router(tracing: Tracing | None = None) -> APIRouter:
     """The render routes; they use the pipeline on `app.state.pipeline`. With `tracing`, the chat and
     completions renders are `render` spans (chosen here, once: nothing is checked per request)."""
@@ -244,20 +216,18 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
     async def render_messages(request: AnthropicMessagesRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
         check_model(request.model, pipeline.served_model_names)
-        facts = _facts(raw.app)
-
-        def render() -> tuple[bytes, RenderedPrompt]:
-            chat = anthropic.to_chat_request(request, facts.anthropic_traits)  # traits: found by rendering
-            return render_converted_response(
+        content, rendered = await render_off_loop(
+            raw,
+            request,
+            functools.partial(
+                render_converted_response,
                 pipeline,
-                chat,
-                kind="messages",
+                request,
                 request_id=chat_request_id(),
                 body=json_body(raw),
                 raw=raw_body(raw),
-            )
-
-        content, rendered = await render_off_loop(raw, request, render)
+            ),
+        )
         _metrics(raw).count_rendered("messages", 1, len(rendered.token_ids))
         return JSONBytesResponse(content)
 
@@ -268,15 +238,13 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
     async def render_responses(request: ResponsesRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
         check_model(request.model, pipeline.served_model_names)
-        chat = responses.to_chat_request(request)
         content, rendered = await render_off_loop(
             raw,
             request,
             functools.partial(
                 render_converted_response,
                 pipeline,
-                chat,
-                kind="responses",
+                request,
                 request_id=_responses_request_id(request),
                 body=json_body(raw),
                 raw=raw_body(raw),
@@ -289,7 +257,7 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
     async def tokenize(request: TokenizeRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
         answer = await render_off_loop(
-            raw, request, tokenize_response, pipeline, request, _facts(raw.app).max_model_len
+            raw, request, tokenize_response, pipeline, request, pipeline.max_model_len
         )
         _metrics(raw).count_rendered("tokenize", 1, answer["count"])
         return JSONBytesResponse(answer)
