@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from tokenfront import __version__, protocol
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.options import add_render_arguments, options_from_args
+from tokenfront.protocol import RequestLimits
 from tokenfront.server.connection_limits import ConnectionLimits
 from tokenfront.server.limits import (
     DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_SEQUENCES_PER_REQUEST,
-    DEFAULT_MAX_TOKENS_PER_REQUEST,
 )
 from tokenfront.server.process import DEFAULT_SHUTDOWN_TIMEOUT
 from tokenfront.server.tracing import ENDPOINT_ENV
@@ -203,7 +202,6 @@ def _run_render(args: argparse.Namespace) -> int:
 
     hide_torch()  # the renderer never runs a model: keep torch out even where it is installed
     _check_render_options(args)
-    _apply_limits(args)
     tracing = _start_tracing(args, "renderer")
     # Before loading anything: a port already taken fails now.
     sock = bind_socket(args.host, args.port, reuse_port=args.workers > 1)
@@ -226,6 +224,7 @@ def _run_render(args: argparse.Namespace) -> int:
         pipeline,
         api_key=args.api_key,
         max_body_bytes=args.max_body_bytes,
+        request_limits=_request_limits(args),
         show_paths=args.show_paths,
         tracing=tracing,
     )
@@ -304,7 +303,6 @@ def _run_serve(args: argparse.Namespace) -> int:
     _check_render_options(args)
     _check_no_simulated_options(args)
     _check_model_folder(args.model)
-    _apply_limits(args)
     tracing = _start_tracing(args, "worker")
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     publisher = _kv_event_publisher(args)
@@ -375,6 +373,7 @@ def _serve_worker(
         engine,
         api_key=args.api_key,
         max_body_bytes=args.max_body_bytes,
+        request_limits=_request_limits(args),
         show_paths=args.show_paths,
         tracing=tracing,
     )
@@ -407,7 +406,6 @@ def _run_serve_simulated(args: argparse.Namespace) -> int:
     from tokenfront.server.process import bind_socket
 
     gpu = _check_simulated_options(args)
-    _apply_limits(args)
     tracing = _start_tracing(args, "worker")
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     publisher = _kv_event_publisher(args)
@@ -434,7 +432,6 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     hide_torch()
     gpu = _check_simulated_options(args)
-    _apply_limits(args)
     tracing = _start_tracing(args, "worker")  # one exporter for every worker of the fleet
     sockets = _bind_fleet_ports(args.host, args.port, args.workers)  # before loading anything
     from tokenfront.core.render import RenderPipeline
@@ -453,6 +450,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
             ),
             api_key=args.api_key,
             max_body_bytes=args.max_body_bytes,
+            request_limits=_request_limits(args),
             show_paths=args.show_paths,
             tracing=tracing,
         )
@@ -547,7 +545,6 @@ def _run_route(args: argparse.Namespace) -> int:
     from tokenfront.server.process import bind_socket
 
     _check_render_options(args)
-    _apply_limits(args)
     _check_workers(args.worker)
     worker_sources = _worker_sources(args)
     _check_api_key(args.worker_api_key, "--worker-api-key", "TOKENFRONT_WORKER_API_KEY")
@@ -626,6 +623,7 @@ def _run_route(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         admin_api_key=args.admin_api_key,
         max_body_bytes=args.max_body_bytes,
+        request_limits=_request_limits(args),
         show_paths=args.show_paths,
         tracing=tracing,
     )
@@ -666,15 +664,17 @@ def _check_render_processes(args: argparse.Namespace) -> None:
         )
 
 
-def _apply_limits(args: argparse.Namespace) -> None:
-    """Set the request limits the flags give, once, before the app is built (and before `--workers N` forks,
-    so every process has them): they are read where requests are validated."""
-    protocol.MAX_MESSAGES = args.max_messages
+def _request_limits(args: argparse.Namespace) -> RequestLimits:
+    """What one request may ask for, from the flags (`protocol.limits`): given to the app, which validates
+    every body with it (and, on a worker, checks each request's sequences and tokens against it)."""
+    limits = RequestLimits(max_messages=args.max_messages)
     if hasattr(args, "max_sequences_per_request"):  # the worker's
-        from tokenfront.worker import sampling
-
-        sampling.MAX_SEQUENCES_PER_REQUEST = args.max_sequences_per_request
-        sampling.MAX_TOKENS_PER_REQUEST = args.max_tokens_per_request
+        limits = dataclasses.replace(
+            limits,
+            max_sequences_per_request=args.max_sequences_per_request,
+            max_tokens_per_request=args.max_tokens_per_request,
+        )
+    return limits
 
 
 def _check_render_options(args: argparse.Namespace) -> None:
@@ -1204,18 +1204,18 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, *, simulated_only: bo
     group.add_argument(
         "--max-sequences-per-request",
         type=_positive_int,
-        default=DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+        default=protocol.MAX_SEQUENCES_PER_REQUEST,
         metavar="N",
         help="sequences (prompts x n) one request may ask for; more is a 400 before anything is generated "
-        f"(default: {DEFAULT_MAX_SEQUENCES_PER_REQUEST})",
+        f"(default: {protocol.MAX_SEQUENCES_PER_REQUEST})",
     )
     group.add_argument(
         "--max-tokens-per-request",
         type=_positive_int,
-        default=DEFAULT_MAX_TOKENS_PER_REQUEST,
+        default=protocol.MAX_TOKENS_PER_REQUEST,
         metavar="N",
         help="tokens one request may hold in the engine: n x (prompt + max_tokens), summed over its prompts "
-        f"(default: {DEFAULT_MAX_TOKENS_PER_REQUEST})",
+        f"(default: {protocol.MAX_TOKENS_PER_REQUEST})",
     )
     group.add_argument(
         "--kv-events-history",

@@ -349,7 +349,7 @@ def test_architecture_layout_lists_every_module_folder_and_page() -> None:
     words = set(re.findall(r"[\w.-]+/?", layout))
     missing = [name for name in [*modules, *folders, *pages, "CHANGELOG.md"] if name not in words]
     assert missing == [], "docs/architecture.md's layout does not name these"
-    assert len(modules) >= 7 and len(folders) >= 12 and len(pages) >= 16, (modules, folders, pages)
+    assert len(modules) >= 4 and len(folders) >= 13 and len(pages) >= 16, (modules, folders, pages)
 
 
 def test_the_readme_layout_lists_every_top_level_entry() -> None:

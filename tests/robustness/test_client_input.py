@@ -23,14 +23,17 @@ import httpx
 import pytest
 
 from tokenfront import fixtures
-from tokenfront.protocol import MAX_MESSAGES, SEED_MAX, SEED_MIN
-from tokenfront.server.errors import APIError
-from tokenfront.worker.sampling import (
+from tokenfront.protocol import (
+    DEFAULT_LIMITS,
+    MAX_MESSAGES,
     MAX_SEQUENCES_PER_REQUEST,
     MAX_TOKENS_PER_REQUEST,
-    check_request_size,
-    check_request_tokens,
+    SEED_MAX,
+    SEED_MIN,
+    RequestLimits,
 )
+from tokenfront.server.errors import APIError
+from tokenfront.worker.sampling import check_request_size, check_request_tokens
 
 SURROGATE = "@@lone-surrogate@@"  # written into the body as the JSON escape \ud800
 HI = [{"role": "user", "content": "hi"}]
@@ -521,11 +524,18 @@ def test_what_json_allows_is_still_taken_and_echoed(servers: dict[str, Any]) -> 
 
 
 def test_request_size_limits() -> None:
-    check_request_size(8, 128)
+    check_request_size(8, 128, DEFAULT_LIMITS)
     with pytest.raises(APIError, match="1040 sequences"):
-        check_request_size(1040, 1)
-    check_request_tokens([(100, 131_072 - 100)], 128)  # n=128 on a 128k context fits
+        check_request_size(1040, 1, DEFAULT_LIMITS)
+    check_request_tokens([(100, 131_072 - 100)], 128, DEFAULT_LIMITS)  # n=128 on a 128k context fits
     with pytest.raises(APIError) as error:
-        check_request_tokens([(100, 131_072 - 100)] * 2, 128)
+        check_request_tokens([(100, 131_072 - 100)] * 2, 128, DEFAULT_LIMITS)
     assert f"{2 * 128 * 131_072} tokens" in error.value.message
     assert str(MAX_TOKENS_PER_REQUEST) in error.value.message and error.value.status_code == 400
+    # A server's own limits, not the defaults: they are values passed to the check, never module globals.
+    tighter = RequestLimits(max_sequences_per_request=7, max_tokens_per_request=1000)
+    with pytest.raises(APIError, match="at most 7 per request"):
+        check_request_size(8, 1, tighter)
+    check_request_size(8, 1, DEFAULT_LIMITS)  # the defaults are unchanged by the tighter value
+    with pytest.raises(APIError, match="at most 1000 per request"):
+        check_request_tokens([(500, 501)], 1, tighter)

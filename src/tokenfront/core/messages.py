@@ -12,7 +12,7 @@ TensorRT-LLM shares). They change ids, so they are part of the rendering contrac
   here (core/requests/responses.py), and refused in chat requests as vLLM refuses them;
 - a `tool` message's text parts are joined with `"\\n"` even for "openai" templates (structured parts such
   as `tool_reference` stay parts);
-- assistant `tool_calls`: arguments (a JSON string, see protocol.py) parsed to an object (empty, invalid or
+- assistant `tool_calls`: arguments (a JSON string, see protocol/openai.py) parsed to an object (empty, invalid or
   non-object JSON is `{}`); an empty list is dropped;
 - assistant reasoning: `reasoning`, else the older `reasoning_content`, is passed as both; `thinking` is not
   a message field for vLLM and is not passed on; `tool_call_id` is passed for tool messages, `tools` for

@@ -30,9 +30,11 @@ from tokenfront.core.tokenizer_files import tokenizer_source_file
 from tokenfront.core.tool_calls import ToolCallParser, get_tool_call_parser
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import (
+    DEFAULT_LIMITS,
     AnthropicMessagesRequest,
     ChatCompletionRequest,
     CompletionRequest,
+    RequestLimits,
     ResponsesRequest,
 )
 
@@ -296,17 +298,24 @@ class RenderPipeline:
         merge, what disabled thinking becomes), probed by rendering on first use and kept."""
         return anthropic.AnthropicTemplateTraits.probe(self)
 
-    def messages_chat_request(self, request: AnthropicMessagesRequest) -> ChatCompletionRequest:
-        """The chat request vLLM builds from an Anthropic Messages body (RenderError on what it refuses)."""
-        return anthropic.to_chat_request(request, self.anthropic_traits)
+    def messages_chat_request(
+        self, request: AnthropicMessagesRequest, *, limits: RequestLimits = DEFAULT_LIMITS
+    ) -> ChatCompletionRequest:
+        """The chat request vLLM builds from an Anthropic Messages body (RenderError on what it refuses), held
+        to `limits` (a server's: those its bodies were validated with)."""
+        return anthropic.to_chat_request(request, self.anthropic_traits, limits)
 
-    def render_messages(self, request: AnthropicMessagesRequest) -> RenderedPrompt:
+    def render_messages(
+        self, request: AnthropicMessagesRequest, *, limits: RequestLimits = DEFAULT_LIMITS
+    ) -> RenderedPrompt:
         """Render an Anthropic Messages body: the ids of the conversation vLLM builds from it."""
-        return self.render_chat(self.messages_chat_request(request))
+        return self.render_chat(self.messages_chat_request(request, limits=limits))
 
-    def render_responses(self, request: ResponsesRequest) -> RenderedPrompt:
+    def render_responses(
+        self, request: ResponsesRequest, *, limits: RequestLimits = DEFAULT_LIMITS
+    ) -> RenderedPrompt:
         """Render an OpenAI Responses body: the ids of the conversation vLLM builds from it."""
-        return self.render_chat(responses.to_chat_request(request))
+        return self.render_chat(responses.to_chat_request(request, limits))
 
     # -- completions -----------------------------------------------------------------------------------------
 

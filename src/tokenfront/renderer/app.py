@@ -16,6 +16,7 @@ if not hide_torch():
 from fastapi import FastAPI  # after the torch guard, on purpose
 
 from tokenfront.core.render import RenderPipeline
+from tokenfront.protocol.limits import DEFAULT_LIMITS, RequestLimits
 from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.server.app import create_app, pipeline_info
@@ -29,6 +30,7 @@ def create_renderer_app(
     *,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    request_limits: RequestLimits = DEFAULT_LIMITS,
     show_paths: bool = False,
     tracing: Tracing | None = None,
 ) -> FastAPI:
@@ -41,6 +43,7 @@ def create_renderer_app(
         model_names=lambda: pipeline.served_model_names,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
+        request_limits=request_limits,
         show_paths=show_paths,
         tracing=tracing,
     )

@@ -15,18 +15,22 @@ whether the role was sent), not vLLM's replay buffer: a client passes it back wi
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 from starlette.responses import Response
 
 from tokenfront.core.output import ChoiceParser, OutputConfig, OutputDelta, OutputStateError, vllm_usage
 from tokenfront.core.reasoning import reasoning_ended
 from tokenfront.core.render import RenderPipeline
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.protocol.vllm import (
+    ChatDerenderRequest,
+    CompletionDerenderRequest,
+    GenerateChoice,
+    GenerateOutput,
+)
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute
 from tokenfront.server.models import check_model
@@ -41,84 +45,6 @@ _Body = TypeVar("_Body", "ChatDerenderRequest", "CompletionDerenderRequest")
 # Bodies up to this size are read on the event loop when the pipeline is free (a stream's chunk of a few ids);
 # reading costs tens of microseconds an id, so a larger output goes to the render thread.
 _INLINE_BYTES = 4 * 1024
-
-
-# -- vLLM's request schemas -----------------------------------------------------------------------------------
-
-
-class GenerateChoice(BaseModel):
-    """One choice of vLLM's `GenerateTokensResponse` (or of a stream chunk)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    index: NonNegativeInt = 0
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    token_ids: list[NonNegativeInt] | None = None
-
-
-class GenerateOutput(BaseModel):
-    """vLLM's `GenerateTokensResponse` / `GenerateTokensStreamResponse` (`output_mode` "tokens" only)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
-    output_mode: Literal["tokens"] = "tokens"
-    choices: list[GenerateChoice]
-    prompt_token_ids: list[NonNegativeInt] | None = None
-    usage: dict[str, Any] | None = None
-    kv_transfer_params: dict[str, Any] | None = None
-    ec_transfer_params: dict[str, Any] | None = None
-    metrics: dict[str, Any] | None = None
-
-
-class _DerenderBody(BaseModel):
-    stream: bool = False
-    model: str | None = None
-    generate_chunk: GenerateOutput | None = None
-    stream_state: dict[str, Any] | None = None
-
-
-class ChatDerenderRequest(_DerenderBody):
-    """`DerenderChatRequest` (stream false) or `DerenderChatStreamRequest` (stream true)."""
-
-    generate_response: GenerateOutput | None = None
-    prompt_tokens: int | None = None
-    prompt_token_ids: list[NonNegativeInt] | None = None
-    chat_request: ChatCompletionRequest | None = None
-
-    @model_validator(mode="after")
-    def _one_form(self) -> ChatDerenderRequest:
-        _require(self.stream, self.generate_response is not None, "generate_response")
-        return self
-
-
-class CompletionDerenderRequest(_DerenderBody):
-    """`DerenderCompletionRequest` (stream false) or `DerenderCompletionStreamRequest` (stream true)."""
-
-    generate_responses: list[GenerateOutput] | None = None
-    prompt_tokens: list[int] | int | None = None
-    prompt_token_ids: list[list[NonNegativeInt] | None] | list[NonNegativeInt] | None = None
-    completion_request: CompletionRequest | None = None
-
-    @model_validator(mode="after")
-    def _one_form(self) -> CompletionDerenderRequest:
-        _require(self.stream, self.generate_responses is not None, "generate_responses")
-        if not self.stream:
-            count = len(self.generate_responses or ())
-            for name in ("prompt_tokens", "prompt_token_ids"):
-                value = getattr(self, name)
-                if value is not None and (not isinstance(value, list) or len(value) != count):
-                    raise ValueError(f"{name} must be a list as long as generate_responses ({count})")
-        return self
-
-
-def _require(stream: bool, has_whole: bool, whole: str) -> None:
-    # Called inside a validator: a ValueError becomes the usual 400 naming the field.
-    if stream and has_whole:
-        raise ValueError(f"a streaming derender (stream: true) takes generate_chunk, not {whole}")
-    if not stream and not has_whole:
-        raise ValueError(f"{whole} is required (or stream: true with generate_chunk)")
 
 
 # -- reading the ids --------------------------------------------------------------------------------------------

@@ -26,11 +26,13 @@ from starlette.responses import Response
 
 from tokenfront.core.render import RenderedPrompt, RenderPipeline
 from tokenfront.protocol import (
+    DEFAULT_LIMITS,
     AnthropicMessagesRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
+    RequestLimits,
     ResponsesRequest,
     TokenizeRequest,
     TokenizeResponse,
@@ -122,16 +124,17 @@ def render_converted_response(
     pipeline: RenderPipeline,
     request: AnthropicMessagesRequest | ResponsesRequest,
     *,
+    limits: RequestLimits = DEFAULT_LIMITS,
     request_id: str,
     body: dict[str, Any],
     raw: bytes,
 ) -> tuple[bytes, RenderedPrompt]:
     """The render answer for another API's body (kind "messages" or "responses"), rendered as the chat
-    request vLLM builds from it; the envelope echoes the original body."""
+    request vLLM builds from it (held to the server's `limits`); the envelope echoes the original body."""
     if isinstance(request, AnthropicMessagesRequest):
-        kind, rendered = "messages", pipeline.render_messages(request)
+        kind, rendered = "messages", pipeline.render_messages(request, limits=limits)
     else:
-        kind, rendered = "responses", pipeline.render_responses(request)
+        kind, rendered = "responses", pipeline.render_responses(request, limits=limits)
     return _chat_envelope(pipeline, rendered, kind=kind, request_id=request_id, body=body, raw=raw), rendered
 
 
@@ -162,13 +165,16 @@ def render_completion_response(
 
 
 def tokenize_response(
-    pipeline: RenderPipeline, request: TokenizeRequest, context_length: int
+    pipeline: RenderPipeline,
+    request: TokenizeRequest,
+    context_length: int,
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> dict[str, Any]:
     """vLLM's `/tokenize` answer: a chat rendered as `/v1/chat/completions/render` renders it, or text
     encoded as a completions prompt (`add_special_tokens` defaults: false for chat, true for text)."""
     check_model(request.model, pipeline.served_model_names)
     if request.is_chat:
-        ids = pipeline.render_chat(request.chat_request()).token_ids
+        ids = pipeline.render_chat(request.chat_request(limits)).token_ids
     else:
         assert request.prompt is not None  # the model requires prompt or messages
         add_special = True if request.add_special_tokens is None else request.add_special_tokens
@@ -223,6 +229,7 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
                 render_converted_response,
                 pipeline,
                 request,
+                limits=raw.app.request_limits,
                 request_id=chat_request_id(),
                 body=json_body(raw),
                 raw=raw_body(raw),
@@ -245,6 +252,7 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
                 render_converted_response,
                 pipeline,
                 request,
+                limits=raw.app.request_limits,
                 request_id=_responses_request_id(request),
                 body=json_body(raw),
                 raw=raw_body(raw),
@@ -257,7 +265,7 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
     async def tokenize(request: TokenizeRequest, raw: Request) -> Response:
         pipeline: RenderPipeline = raw.app.state.pipeline
         answer = await render_off_loop(
-            raw, request, tokenize_response, pipeline, request, pipeline.max_model_len
+            raw, request, tokenize_response, pipeline, request, pipeline.max_model_len, raw.app.request_limits
         )
         _metrics(raw).count_rendered("tokenize", 1, answer["count"])
         return JSONBytesResponse(answer)
@@ -328,7 +336,7 @@ def _offer_direct(
 
     def direct(app: FastAPI, raw: bytes, body: dict[str, Any]) -> bytes | None:
         try:
-            request = model.model_validate(body)
+            request = model.model_validate(body, context=getattr(app, "validation_context", None))
         except ValidationError:
             return None
         if getattr(request, "chat_template", None) is not None:

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.core.render import RenderPipeline
+from tokenfront.protocol.limits import DEFAULT_LIMITS, RequestLimits
 from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.router.bounded_render import RenderSettings
@@ -116,6 +117,7 @@ def create_router_app(
     api_key: str | None = None,
     admin_api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    request_limits: RequestLimits = DEFAULT_LIMITS,
     show_paths: bool = False,
     tracing: Tracing | None = None,
 ) -> FastAPI:
@@ -194,6 +196,7 @@ def create_router_app(
         model_names=lambda: served_model_names(proxy),
         api_key=api_key,
         max_body_bytes=max_body_bytes,
+        request_limits=request_limits,
         metrics=server_metrics,
         admin=AdminAccess(ADMIN_PATHS, admin_api_key),
         show_paths=show_paths,

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenfront import __version__
 from tokenfront.core.render import RenderPipeline
+from tokenfront.protocol.limits import DEFAULT_LIMITS, RequestLimits, validation_context
 from tokenfront.server.admin_auth import AdminAccess
 from tokenfront.server.api_docs import api_docs_router
 from tokenfront.server.direct import DirectAnswer
@@ -70,6 +71,17 @@ class TokenfrontApp(FastAPI):
         self.direct_routes: dict[str, DirectAnswer] = {}
         self.max_body_bytes = DEFAULT_MAX_BODY_BYTES
         self.drain = Drain()
+        self.request_limits = DEFAULT_LIMITS
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        """What one request may ask for here (`protocol.limits`); every body is validated with it."""
+        return self._request_limits
+
+    @request_limits.setter
+    def request_limits(self, limits: RequestLimits) -> None:
+        self._request_limits = limits
+        self.validation_context = validation_context(limits)
 
     def include_router(self, router: APIRouter, *, prefix: str = "", **kwargs: Any) -> None:  # type: ignore[override]
         """FastAPI's `include_router`, noting the router's lean POST routes for the direct path."""
@@ -115,14 +127,16 @@ def create_app(
     admin: AdminAccess | None = None,
     show_paths: bool = False,
     tracing: Tracing | None = None,
+    request_limits: RequestLimits = DEFAULT_LIMITS,
 ) -> TokenfrontApp:
     """A FastAPI app with the routes every tokenfront server has (docs/contract.md §6): `/health`, `/server_info`,
-    `/v1/models`, `/metrics`, OpenAPI at `/openapi.json`, `/docs` and `/redoc` (their files served by the app);
-    OpenAI-shaped errors; Bearer auth on everything but `/health` and the inspector's static files; a body size
-    limit (413). `metrics` lets a server register its own metrics in the app's registry before the app exists;
-    `admin` gives its admin paths and their key (`server.admin_auth`); `show_paths` keeps the checkpoint's
-    paths in `/server_info` (`--show-paths`; else `without_paths`); `tracing` its spans (`server.tracing`: a
-    server span per request, and the direct lane off)."""
+        `/v1/models`, `/metrics`, OpenAPI at `/openapi.json`, `/docs` and `/redoc` (their files served by the app);
+        OpenAI-shaped errors; Bearer auth on everything but `/health` and the inspector's static files; a body size
+        limit (413). `metrics` lets a server register its own metrics in the app's registry before the app exists;
+        `admin` gives its admin paths and their key (`server.admin_auth`); `show_paths` keeps the checkpoint's
+        paths in `/server_info` (`--show-paths`; else `without_paths`); `tracing` its spans (`server.tracing`: a
+        server span per request, and the direct lane off); `request_limits` what one request may ask for (the
+    bodies are validated with it: `protocol.limits`)."""
     app = TokenfrontApp(
         title=title,
         version=__version__,
@@ -138,6 +152,7 @@ def create_app(
     app.state.role = role
     app.state.started = time.time()
     app.max_body_bytes = max_body_bytes
+    app.request_limits = request_limits
     install_error_handlers(app)
     # Added last = outermost: auth is checked before a body is read, and 413s are counted too.
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)

@@ -88,13 +88,15 @@ class LeanRoute(APIRoute):
         async def handler(request: Request) -> Response:
             body = await request.body()
             content_type = _content_type(request)
+            # The app's request limits (`protocol.limits`), which the models' validators read.
+            limits = getattr(request.app, "validation_context", None)
             if len(body) <= INLINE_BODY_BYTES:
-                payload, parsed = _decode(model, body, content_type)
+                payload, parsed = _decode(model, body, content_type, limits)
             else:
                 # The request's context goes along, so that a line logged meanwhile carries its request id.
                 context = contextvars.copy_context()
                 payload, parsed = await asyncio.get_running_loop().run_in_executor(
-                    _DECODE_THREAD, context.run, _decode_large, model, body, content_type
+                    _DECODE_THREAD, context.run, _decode_large, model, body, content_type, limits
                 )
             request.scope[_JSON_KEY] = payload
             request.scope[_RAW_KEY] = body
@@ -123,16 +125,21 @@ def _content_type(request: Request) -> str:
     return request.headers.get("content-type", "")
 
 
-def _decode(model: type[_Model], body: bytes, content_type: str) -> tuple[Any, _Model]:
-    """The body parsed, and validated by `model`; the 400 for a body that is neither."""
+def _decode(
+    model: type[_Model], body: bytes, content_type: str, limits: dict[str, Any] | None
+) -> tuple[Any, _Model]:
+    """The body parsed, and validated by `model` (with `limits`, the app's validation context); the 400 for a
+    body that is neither."""
     payload = parse_body(body, content_type)
     try:
-        return payload, model.model_validate(payload)
+        return payload, model.model_validate(payload, context=limits)
     except ValidationError as exc:
         raise validation_error([dict(e) for e in exc.errors()], content_type) from None
 
 
-def _decode_large(model: type[_Model], body: bytes, content_type: str) -> tuple[Any, _Model]:
+def _decode_large(
+    model: type[_Model], body: bytes, content_type: str, limits: dict[str, Any] | None
+) -> tuple[Any, _Model]:
     """`_decode` with the garbage collector paused (on the decode thread only, the one place that pauses it).
 
     A large body is a million objects made in one parser call; collections set off meanwhile run inside that call
@@ -142,7 +149,7 @@ def _decode_large(model: type[_Model], body: bytes, content_type: str) -> tuple[
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _decode(model, body, content_type)
+        return _decode(model, body, content_type, limits)
     finally:
         if enabled:
             gc.enable()

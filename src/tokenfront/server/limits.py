@@ -7,12 +7,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tokenfront.server.errors import error_response
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-# What one worker request may ask the engine for (`--max-sequences-per-request`, `--max-tokens-per-request`;
-# read by worker.sampling). Sequences: prompts x n (n alone is at most 128). Tokens: over all its sequences,
-# prompt ids plus the generation budget (max_tokens, else the context's room): 128 sequences of a 128k context
-# fit.
-DEFAULT_MAX_SEQUENCES_PER_REQUEST = 1024
-DEFAULT_MAX_TOKENS_PER_REQUEST = 1 << 24
 
 
 class BodySizeLimit:

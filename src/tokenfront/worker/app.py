@@ -18,6 +18,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.routing import APIRoute
 
 from tokenfront.core.render import RenderPipeline
+from tokenfront.protocol.limits import DEFAULT_LIMITS, RequestLimits
 from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.server.app import create_app, pipeline_info
@@ -46,6 +47,7 @@ def create_worker_app(
     *,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    request_limits: RequestLimits = DEFAULT_LIMITS,
     enable_render_endpoints: bool | None = None,
     show_paths: bool = False,
     tracing: Tracing | None = None,
@@ -78,6 +80,7 @@ def create_worker_app(
         model_names=lambda: pipeline.served_model_names,
         api_key=api_key,
         max_body_bytes=max_body_bytes,
+        request_limits=request_limits,
         show_paths=show_paths,
         tracing=tracing,
     )

@@ -26,6 +26,7 @@ from starlette.responses import StreamingResponse
 from tokenfront.core.output import ChoiceParser, FinishedChoice, OutputConfig, OutputDelta, vllm_usage
 from tokenfront.core.reasoning import reasoning_ended
 from tokenfront.protocol import ChatCompletionRequest, NamedToolChoice
+from tokenfront.protocol.vllm import GenerateRequest, unsupported_sampling
 from tokenfront.server.disconnect import ClientDisconnected, client_disconnected_response
 from tokenfront.server.errors import APIError
 from tokenfront.server.models import check_model
@@ -34,7 +35,6 @@ from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.server.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
 from tokenfront.worker.choices import ChoiceEvent, ChoiceRun, collect_all, merged_events
 from tokenfront.worker.engine import GenerationRequest, SamplingParams, TokenOutput
-from tokenfront.worker.generate_protocol import GenerateRequest, unsupported_sampling
 from tokenfront.worker.sampling import SamplingDefaults
 from tokenfront.worker.service import WorkerService, stream_error
 

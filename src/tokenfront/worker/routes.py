@@ -8,11 +8,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.protocol.vllm import GenerateRequest
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute
 from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.worker.generate import GenerateService
-from tokenfront.worker.generate_protocol import GenerateRequest
 from tokenfront.worker.service import WorkerService
 
 # One read returns at most this many events; a router pages with `after`.

@@ -6,48 +6,41 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tokenfront.core.checkpoint import Checkpoint
-from tokenfront.protocol import MIN_TOP_P
+from tokenfront.protocol import MIN_TOP_P, RequestLimits
 from tokenfront.server.errors import APIError
-from tokenfront.server.limits import DEFAULT_MAX_SEQUENCES_PER_REQUEST, DEFAULT_MAX_TOKENS_PER_REQUEST
 from tokenfront.worker.engine import SamplingParams
 
 __all__ = [
-    "MAX_SEQUENCES_PER_REQUEST",
-    "MAX_TOKENS_PER_REQUEST",
     "SamplingDefaults",
     "check_request_size",
     "check_request_tokens",
     "context_length",
 ]
 
-# What one request may ask the engine for (server.limits says why; `tokenfront serve` sets them from its flags
-# at start-up).
-MAX_SEQUENCES_PER_REQUEST = DEFAULT_MAX_SEQUENCES_PER_REQUEST
-MAX_TOKENS_PER_REQUEST = DEFAULT_MAX_TOKENS_PER_REQUEST
 
-
-def check_request_size(prompts: int, n: int, *, param: str = "n") -> None:
-    """A 400 before any work when `prompts` x `n` sequences are more than a request may ask for."""
+def check_request_size(prompts: int, n: int, limits: RequestLimits, *, param: str = "n") -> None:
+    """A 400 before any work when `prompts` x `n` sequences are more than a request may ask for (`limits`:
+    the server's, `protocol.limits`)."""
     sequences = prompts * n
-    if sequences > MAX_SEQUENCES_PER_REQUEST:
+    if sequences > limits.max_sequences_per_request:
         raise APIError(
             400,
             f"this request asks for {sequences} sequences ({prompts} prompts x n={n}); this server generates "
-            f"at most {MAX_SEQUENCES_PER_REQUEST} per request: lower n or send the prompts in several requests",
+            f"at most {limits.max_sequences_per_request} per request: lower n or send the prompts in several requests",
             param=param,
             code="request_too_large",
         )
 
 
-def check_request_tokens(budgets: list[tuple[int, int]], n: int) -> None:
+def check_request_tokens(budgets: list[tuple[int, int]], n: int, limits: RequestLimits) -> None:
     """A 400 when the sequences' tokens, `n` x (prompt ids + generation budget) over the (prompt length,
-    budget) pairs, are more than a request may ask for."""
+    budget) pairs, are more than a request may ask for (`limits`: the server's)."""
     total = n * sum(prompt + budget for prompt, budget in budgets)
-    if total > MAX_TOKENS_PER_REQUEST:
+    if total > limits.max_tokens_per_request:
         raise APIError(
             400,
             f"this request asks for {total} tokens ({len(budgets)} prompts x n={n}, prompt tokens plus "
-            f"max_tokens each); this server takes at most {MAX_TOKENS_PER_REQUEST} per request: set a lower "
+            f"max_tokens each); this server takes at most {limits.max_tokens_per_request} per request: set a lower "
             "max_tokens, lower n or send the prompts in several requests",
             param="max_tokens",
             code="request_too_large",

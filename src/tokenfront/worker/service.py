@@ -144,7 +144,9 @@ class WorkerService:
         logprobs = _chat_logprobs_count(request)
         max_tokens = request.max_completion_tokens or request.max_tokens
         params = self.sampling.params(request, len(prompt.token_ids), max_tokens, logprobs)
-        check_request_tokens([(len(prompt.token_ids), params.max_tokens)], request.n or 1)
+        check_request_tokens(
+            [(len(prompt.token_ids), params.max_tokens)], request.n or 1, raw.app.request_limits
+        )
         constraint_for = await self._constraint_factory(request, forced, params.max_tokens)
         output = OutputConfig.for_chat(
             request,
@@ -196,7 +198,7 @@ class WorkerService:
                 400, "echo with logprobs is not supported (prompt logprobs are not computed)", param="echo"
             )
         n = request.n or 1
-        check_request_size(request.prompt_count, n)  # before any prompt is read
+        check_request_size(request.prompt_count, n, raw.app.request_limits)  # before any prompt is read
         prepare = self.prompts.completion
         if self.tracing is not None:
             prepare = self.tracing.traced("render", prepare, _prompts_span)
@@ -213,6 +215,7 @@ class WorkerService:
                 for prompt, params in zip(prompts, all_params, strict=True)
             ],
             n,
+            raw.app.request_limits,
         )
         runs = []
         for prompt_index, (prompt, params) in enumerate(zip(prompts, all_params, strict=True)):

@@ -3,7 +3,7 @@
 All of a request's stop strings are one Aho-Corasick automaton (`StopStrings`, built once per request and
 shared by its choices), so each character of output costs one step whatever their number. The automaton's
 size and build time grow with the characters of its strings: what a request may send is bounded where
-requests are validated (`protocol.MAX_STOP_CHARACTERS`).
+requests are validated (`protocol.limits`).
 """
 
 from __future__ import annotations

@@ -16,15 +16,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from tokenfront.core.errors import RenderError
-from tokenfront.protocol import ChatCompletionRequest, Tool
+from tokenfront.protocol import DEFAULT_LIMITS, ChatCompletionRequest, RequestLimits, Tool, validation_context
 
 __all__ = ["chat_request_from", "tools_from"]
 
 
-def chat_request_from(body: dict[str, Any], *, source: str) -> ChatCompletionRequest:
-    """Validate a converted chat body; a failure is the client's (a 400 naming the `source` API), not ours."""
+def chat_request_from(
+    body: dict[str, Any], *, source: str, limits: RequestLimits = DEFAULT_LIMITS
+) -> ChatCompletionRequest:
+    """Validate a converted chat body, held to the server's `limits`; a failure is the client's (a 400 naming
+    the `source` API), not ours."""
     try:
-        return ChatCompletionRequest.model_validate(body)
+        return ChatCompletionRequest.model_validate(body, context=validation_context(limits))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])

@@ -39,6 +39,7 @@ from tokenfront.core.errors import RenderError
 from tokenfront.core.messages import CLAUDE_CODE_BILLING_HEADER
 from tokenfront.core.requests import chat_request_from, tools_from
 from tokenfront.protocol import (
+    DEFAULT_LIMITS,
     AnthropicContentBlock,
     AnthropicEffort,
     AnthropicMessage,
@@ -48,6 +49,7 @@ from tokenfront.protocol import (
     ChatCompletionRequest,
     NamedFunction,
     NamedToolChoice,
+    RequestLimits,
 )
 
 if TYPE_CHECKING:
@@ -136,9 +138,9 @@ def _probe_prompt(pipeline: RenderPipeline, effort: str) -> tuple[list[int], str
 
 
 def to_chat_request(
-    request: AnthropicMessagesRequest, traits: AnthropicTemplateTraits
+    request: AnthropicMessagesRequest, traits: AnthropicTemplateTraits, limits: RequestLimits = DEFAULT_LIMITS
 ) -> ChatCompletionRequest:
-    """The chat request vLLM renders for an Anthropic Messages request."""
+    """The chat request vLLM renders for an Anthropic Messages request (held to the server's `limits`)."""
     messages: list[dict[str, Any]] = []
     _system_message(request, messages, merge_inline_system=traits.merge_inline_system)
     for message in request.messages:
@@ -154,7 +156,7 @@ def to_chat_request(
     effort = _reasoning_effort(request, traits)
     if effort is not None:
         body["reasoning_effort"] = effort
-    chat = chat_request_from(body, source="Anthropic Messages")
+    chat = chat_request_from(body, source="Anthropic Messages", limits=limits)
     tools = _resolve_tools(request)
     if tools is None:
         return chat

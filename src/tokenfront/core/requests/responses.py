@@ -29,7 +29,7 @@ from typing import Any
 
 from tokenfront.core.errors import RenderError
 from tokenfront.core.requests import chat_request_from, tools_from
-from tokenfront.protocol import ChatCompletionRequest, ResponsesRequest, Tool
+from tokenfront.protocol import DEFAULT_LIMITS, ChatCompletionRequest, RequestLimits, ResponsesRequest, Tool
 
 __all__ = ["CUSTOM_TOOL_PARAMETERS", "NAMESPACE_SEPARATOR", "to_chat_request"]
 
@@ -49,8 +49,10 @@ _TEXT_PART_TYPES = ("input_text", "output_text")
 _OPEN_STATUSES = ("in_progress", "incomplete")
 
 
-def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request vLLM renders for a Responses request."""
+def to_chat_request(
+    request: ResponsesRequest, limits: RequestLimits = DEFAULT_LIMITS
+) -> ChatCompletionRequest:
+    """The chat request vLLM renders for a Responses request (held to the server's `limits`)."""
     if request.previous_response_id is not None:
         raise RenderError(
             "previous_response_id is not supported by the stateless render endpoint: send the conversation "
@@ -83,7 +85,7 @@ def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
     for field in ("cache_salt", "chat_template_kwargs"):
         if getattr(request, field) is not None:
             body[field] = getattr(request, field)
-    chat = chat_request_from(body, source="Responses")
+    chat = chat_request_from(body, source="Responses", limits=limits)
     if not request.tools:
         return chat
     return chat.model_copy(update={"tools": tools})
