@@ -36,8 +36,8 @@ def examples(page: str) -> list[tuple[str, str | None]]:
 
 def test_the_page_has_examples_with_outputs() -> None:
     pairs = examples(PAGE.read_text(encoding="utf-8"))
-    assert len(pairs) == 7
-    assert sum(1 for _, output in pairs if output is not None) == 7
+    assert len(pairs) == 8
+    assert sum(1 for _, output in pairs if output is not None) == 8
 
 
 def test_the_examples_print_what_the_page_says(qwen3: Path) -> None:
@@ -60,7 +60,7 @@ def test_the_examples_print_what_the_page_says(qwen3: Path) -> None:
         if expected is not None:
             assert output == expected, f"the block starting {code.splitlines()[0]!r} printed:\n{output}"
             compared += 1
-    assert compared == 7
+    assert compared == 8
 
 
 @pytest.mark.parametrize(

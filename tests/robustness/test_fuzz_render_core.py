@@ -66,7 +66,7 @@ from tokenfront.protocol import (
     ResponsesRequest,
     TokenizeRequest,
 )
-from tokenfront.renderer import derender
+from tokenfront.protocol.vllm import ChatDerenderRequest
 from tokenfront.renderer.routes import (
     render_chat_response,
     render_completion_response,
@@ -527,7 +527,7 @@ ANTHROPIC_BODY = st.fixed_dictionaries(
 )
 
 
-# Derender (renderer/derender.py): model output as text (encoded into ids by the test), with the reasoning and
+# Derender (core/derender.py): model output as text (encoded into ids by the test), with the reasoning and
 # tool-call markup of both fixtures' parsers; carried stream states, altered; usage counts of any JSON type.
 OUTPUT_SNIPPETS = (
     "<think>",
@@ -870,7 +870,6 @@ def test_streamed_derender_reads_like_the_whole_output_or_is_a_400(
     """A stream derendered chunk by chunk (the state carried as the client carries it) answers the content and
     reasoning the whole output's derender answers."""
     name, pipeline = parsing
-    reader = derender._Reader(pipeline)
     chat_request = data.draw(CHAT_REQUEST, label="chat_request")
     prompt = _prompt_ids(pipeline, chat_request)
     chunks = _chunks(data, pipeline)
@@ -882,8 +881,8 @@ def test_streamed_derender_reads_like_the_whole_output_or_is_a_400(
         for position, ids in enumerate(chunks):
             last = position == len(chunks) - 1
             body = _stream_body(chat_request, prompt, ids, state, (finish or "stop") if last else None)
-            request, _, _ = _as_served(body, derender.ChatDerenderRequest)
-            answer = derender._stream_chat(reader, request)
+            request, _, _ = _as_served(body, ChatDerenderRequest)
+            answer = pipeline.derender_chat(request)
             json.dumps(answer)
             for choice in answer["chunk"]["choices"]:
                 streamed["content"] += choice["delta"]["content"] or ""
@@ -901,8 +900,8 @@ def test_streamed_derender_reads_like_the_whole_output_or_is_a_400(
     }
 
     def whole() -> dict[str, Any]:
-        request, _, _ = _as_served(whole_body, derender.ChatDerenderRequest)
-        answer = derender.derender_chat(reader, request)
+        request, _, _ = _as_served(whole_body, ChatDerenderRequest)
+        answer = pipeline.derender_chat(request)
         json.dumps(answer)
         return answer
 
@@ -923,12 +922,11 @@ def test_derender_with_an_altered_stream_state_or_usage_is_a_400(
     """The client carries the stream state (and sends usage counts): whatever it sends back, the answer is an
     answer or a 400."""
     name, pipeline = parsing
-    reader = derender._Reader(pipeline)
     chat_request = data.draw(CHAT_REQUEST, label="chat_request")
     prompt = _prompt_ids(pipeline, chat_request)
     first, *rest = _chunks(data, pipeline)
-    request, _, _ = _as_served(_stream_body(chat_request, prompt, first, None), derender.ChatDerenderRequest)
-    state = derender._stream_chat(reader, request)["stream_state"]
+    request, _, _ = _as_served(_stream_body(chat_request, prompt, first, None), ChatDerenderRequest)
+    state = pipeline.derender_chat(request)["stream_state"]
     if data.draw(st.booleans(), label="alter the state"):
         state = _mutated(data, state)
     body = _stream_body(chat_request, prompt, rest[0] if rest else first, state, data.draw(FINISH_REASONS))
@@ -936,8 +934,8 @@ def test_derender_with_an_altered_stream_state_or_usage_is_a_400(
         body["generate_chunk"]["usage"] = data.draw(USAGE, label="usage")
 
     def step() -> dict[str, Any]:
-        request, _, _ = _as_served(body, derender.ChatDerenderRequest)
-        answer = derender._stream_chat(reader, request)
+        request, _, _ = _as_served(body, ChatDerenderRequest)
+        answer = pipeline.derender_chat(request)
         json.dumps(answer)
         return answer
 
@@ -980,9 +978,9 @@ DERENDER_FOUND = {
 @pytest.mark.parametrize("body", DERENDER_FOUND.values(), ids=DERENDER_FOUND.keys())
 def test_what_the_derender_properties_found_is_a_400(body: dict[str, Any]) -> None:
     pipeline = _parsing_pipeline("qwen3")
-    request, _, _ = _as_served(body, derender.ChatDerenderRequest)
+    request, _, _ = _as_served(body, ChatDerenderRequest)
     with pytest.raises(CLIENT_ERRORS) as raised:
-        derender._stream_chat(derender._Reader(pipeline), request)
+        pipeline.derender_chat(request)
     assert raised.value.status_code == 400
     assert raised.value.param in (
         "stream_state",

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tokenfront.core import derender
 from tokenfront.core.checkpoint import Checkpoint, load_checkpoint
 from tokenfront.core.context_length import max_model_len
 from tokenfront.core.errors import CheckpointError, RenderError
@@ -37,6 +38,7 @@ from tokenfront.protocol import (
     RequestLimits,
     ResponsesRequest,
 )
+from tokenfront.protocol.vllm import ChatDerenderRequest, CompletionDerenderRequest
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +318,26 @@ class RenderPipeline:
     ) -> RenderedPrompt:
         """Render an OpenAI Responses body: the ids of the conversation vLLM builds from it."""
         return self.render_chat(responses.to_chat_request(request, limits))
+
+    # -- derender: output ids back into an OpenAI answer -----------------------------------------------------
+
+    @functools.cached_property
+    def output_reader(self) -> derender.OutputReader:
+        """How this pipeline reads output ids (its EOS ids, its parsers), made once."""
+        return derender.OutputReader(self)
+
+    def derender_chat(self, body: ChatDerenderRequest) -> dict[str, Any]:
+        """vLLM's chat derender: a generate answer's ids as the `chat.completion` vLLM builds from them, or
+        with `stream: true` one chunk as `{"chunk", "stream_state"}` (docs/contract.md §11). RenderError (a 400)
+        for what vLLM refuses."""
+        read = derender.derender_chat_chunk if body.stream else derender.derender_chat
+        return read(self.output_reader, body)
+
+    def derender_completion(self, body: CompletionDerenderRequest) -> dict[str, Any]:
+        """vLLM's completions derender: each generate answer's ids as a `text_completion` choice, or with
+        `stream: true` one chunk as `{"chunk", "stream_state"}`."""
+        read = derender.derender_completion_chunk if body.stream else derender.derender_completion
+        return read(self.output_reader, body)
 
     # -- completions -----------------------------------------------------------------------------------------
 
