@@ -38,11 +38,10 @@ from tokenfront.router.workers import (
     WorkerPool,
     WorkerReport,
     WorkerSpec,
-    normalize_url,
-    worker_identity,
 )
 from tokenfront.server.metrics import ServerMetrics
 from tokenfront.server.middleware import AuthAndMetrics
+from tokenfront.server_address import normalize_url, worker_identity
 
 
 def _router_helpers() -> ModuleType:

@@ -138,6 +138,7 @@ _UNTRACED = """
 import asyncio, sys
 import httpx
 from tokenfront import cli
+from tokenfront.server import startup
 from tokenfront.core.render import RenderPipeline
 from tokenfront.options import RenderOptions
 from tokenfront.renderer.app import create_renderer_app
@@ -145,7 +146,7 @@ from tokenfront.server.direct import DirectLane
 from tokenfront.server.middleware import RequestIdLayer
 
 args = cli.build_parser().parse_args(["render", "--model", sys.argv[1]])
-assert cli._start_tracing(args, "renderer") is None
+assert startup.start_tracing(args, "renderer") is None
 app = create_renderer_app(RenderPipeline.load(RenderOptions(model=sys.argv[1])))
 layer = RequestIdLayer(app)
 assert layer.tracing is None and DirectLane.of(app) is not None

@@ -21,7 +21,7 @@ import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tokenfront.router.workers import WorkerAddress
+from tokenfront.server_address import WorkerAddress
 
 __all__ = ["ALLOW_FLAG", "Network", "Refusal", "WorkerAllowList", "parse_entry"]
 
