@@ -204,7 +204,7 @@ def _run_render(args: argparse.Namespace) -> int:
     hide_torch()  # the renderer never runs a model: keep torch out even where it is installed
     _check_render_options(args)
     _apply_limits(args)
-    tracing = _start_tracing(args, "renderer")
+    tracing = start_server_tracing(args, "renderer")
     # Before loading anything: a port already taken fails now.
     sock = bind_socket(args.host, args.port, reuse_port=args.workers > 1)
     from tokenfront.core.render import RenderPipeline
@@ -264,7 +264,7 @@ def _serve(app: Any, args: argparse.Namespace, sock: Any, port: int, *, workers:
         gc.unfreeze()
 
 
-def _start_tracing(args: argparse.Namespace, role: str) -> Any:
+def start_server_tracing(args: argparse.Namespace, role: str) -> Any:
     """The server's `server.tracing.Tracing` with --otlp-traces-endpoint, or $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
     (OpenTelemetry is imported only then), else None; a URL that cannot work is a TokenfrontError in one line."""
     from tokenfront.server.tracing import configured_endpoint, start_tracing
@@ -305,7 +305,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     _check_no_simulated_options(args)
     _check_model_folder(args.model)
     _apply_limits(args)
-    tracing = _start_tracing(args, "worker")
+    tracing = start_server_tracing(args, "worker")
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     publisher = _kv_event_publisher(args)
     # The worker runs the model: torch is imported here on purpose (no torch guard, unlike `render`).
@@ -408,7 +408,7 @@ def _run_serve_simulated(args: argparse.Namespace) -> int:
 
     gpu = _check_simulated_options(args)
     _apply_limits(args)
-    tracing = _start_tracing(args, "worker")
+    tracing = start_server_tracing(args, "worker")
     sock = bind_socket(args.host, args.port)  # before loading anything: a taken port fails now
     publisher = _kv_event_publisher(args)
     from tokenfront.core.render import RenderPipeline
@@ -435,7 +435,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     hide_torch()
     gpu = _check_simulated_options(args)
     _apply_limits(args)
-    tracing = _start_tracing(args, "worker")  # one exporter for every worker of the fleet
+    tracing = start_server_tracing(args, "worker")  # one exporter for every worker of the fleet
     sockets = _bind_fleet_ports(args.host, args.port, args.workers)  # before loading anything
     from tokenfront.core.render import RenderPipeline
     from tokenfront.server.fleet import run_fleet
@@ -555,7 +555,7 @@ def _run_route(args: argparse.Namespace) -> int:
     _check_render_processes(args)
     policy_options = _policy_options(args)
     replica_sync = _replica_sync(args)
-    tracing = _start_tracing(args, "router")
+    tracing = start_server_tracing(args, "router")
     from tokenfront.tls import ClientTls
 
     worker_tls = ClientTls.from_flags(

@@ -878,7 +878,7 @@ def test_streamed_derender_reads_like_the_whole_output_or_is_a_400(
     """A stream derendered chunk by chunk (the state carried as the client carries it) answers the content and
     reasoning the whole output's derender answers."""
     name, pipeline = parsing
-    reader = derender._Reader(pipeline)
+    reader = derender.DerenderReader(pipeline)
     chat_request = data.draw(CHAT_REQUEST, label="chat_request")
     prompt = _prompt_ids(pipeline, chat_request)
     chunks = _chunks(data, pipeline)
@@ -891,7 +891,7 @@ def test_streamed_derender_reads_like_the_whole_output_or_is_a_400(
             last = position == len(chunks) - 1
             body = _stream_body(chat_request, prompt, ids, state, (finish or "stop") if last else None)
             request, _, _ = _as_served(body, derender.ChatDerenderRequest)
-            answer = derender._stream_chat(reader, request)
+            answer = derender.derender_chat_chunk(reader, request)
             json.dumps(answer)
             for choice in answer["chunk"]["choices"]:
                 streamed["content"] += choice["delta"]["content"] or ""
@@ -931,12 +931,12 @@ def test_derender_with_an_altered_stream_state_or_usage_is_a_400(
     """The client carries the stream state (and sends usage counts): whatever it sends back, the answer is an
     answer or a 400."""
     name, pipeline = parsing
-    reader = derender._Reader(pipeline)
+    reader = derender.DerenderReader(pipeline)
     chat_request = data.draw(CHAT_REQUEST, label="chat_request")
     prompt = _prompt_ids(pipeline, chat_request)
     first, *rest = _chunks(data, pipeline)
     request, _, _ = _as_served(_stream_body(chat_request, prompt, first, None), derender.ChatDerenderRequest)
-    state = derender._stream_chat(reader, request)["stream_state"]
+    state = derender.derender_chat_chunk(reader, request)["stream_state"]
     if data.draw(st.booleans(), label="alter the state"):
         state = _mutated(data, state)
     body = _stream_body(chat_request, prompt, rest[0] if rest else first, state, data.draw(FINISH_REASONS))
@@ -945,7 +945,7 @@ def test_derender_with_an_altered_stream_state_or_usage_is_a_400(
 
     def step() -> dict[str, Any]:
         request, _, _ = _as_served(body, derender.ChatDerenderRequest)
-        answer = derender._stream_chat(reader, request)
+        answer = derender.derender_chat_chunk(reader, request)
         json.dumps(answer)
         return answer
 
@@ -990,7 +990,7 @@ def test_what_the_derender_properties_found_is_a_400(body: dict[str, Any]) -> No
     pipeline = _parsing_pipeline("qwen3")
     request, _, _ = _as_served(body, derender.ChatDerenderRequest)
     with pytest.raises(CLIENT_ERRORS) as raised:
-        derender._stream_chat(derender._Reader(pipeline), request)
+        derender.derender_chat_chunk(derender.DerenderReader(pipeline), request)
     assert raised.value.status_code == 400
     assert raised.value.param in (
         "stream_state",

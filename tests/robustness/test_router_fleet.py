@@ -507,7 +507,7 @@ def test_pool_serving_filters_by_model_name() -> None:
     async def main() -> None:
         pool = WorkerPool(KvIndex(), PoolSettings(), model_names=lambda: ("a", "b"))
         for url, names in (("http://w1", ("a",)), ("http://w2", ("a", "b")), ("http://w3", None)):
-            worker = Worker(url, httpx.AsyncClient(), pool._connections(url), healthy=True)
+            worker = Worker(url, httpx.AsyncClient(), pool.connections_for(url), healthy=True)
             worker.report = WorkerReport(None, served_model_names=names)
             pool.workers[url] = worker
         try:

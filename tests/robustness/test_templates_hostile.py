@@ -233,18 +233,18 @@ def test_hostile_template_is_a_400_naming_its_limit(pipeline: RenderPipeline, ho
 
 def test_a_failed_compile_is_remembered(pipeline: RenderPipeline) -> None:
     source = "{{ " + "(" * 300 + "1" + ")" * 300 + " }}"
-    hits = templates._compile_cached.cache_info().hits
+    hits = templates.compile_cache_info().hits
     for _ in range(3):
         with pytest.raises(RenderError, match=NESTING):
             _render(pipeline, source)
-    assert templates._compile_cached.cache_info().hits == hits + 2
+    assert templates.compile_cache_info().hits == hits + 2
 
 
 def test_any_compile_failure_is_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
     def out_of_memory(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError
 
-    monkeypatch.setattr(templates._ENVIRONMENT, "compile", out_of_memory)
+    monkeypatch.setattr(templates.ENVIRONMENT, "compile", out_of_memory)
     with pytest.raises(RenderError, match="too large to compile") as caught:
         templates.ChatTemplate("{{ messages }}")
     assert caught.value.status_code == 400 and caught.value.param == "chat_template"

@@ -145,7 +145,7 @@ from tokenfront.server.direct import DirectLane
 from tokenfront.server.middleware import RequestIdLayer
 
 args = cli.build_parser().parse_args(["render", "--model", sys.argv[1]])
-assert cli._start_tracing(args, "renderer") is None
+assert cli.start_server_tracing(args, "renderer") is None
 app = create_renderer_app(RenderPipeline.load(RenderOptions(model=sys.argv[1])))
 layer = RequestIdLayer(app)
 assert layer.tracing is None and DirectLane.of(app) is not None

@@ -33,7 +33,14 @@ from tokenfront.server.models import check_model
 from tokenfront.server.render_thread import render_off_loop
 from tokenfront.server.responses import JSONBytesResponse, dumps
 
-__all__ = ["derender_router"]
+__all__ = [
+    "DerenderReader",
+    "derender_chat",
+    "derender_chat_chunk",
+    "derender_completion",
+    "derender_completion_chunk",
+    "derender_router",
+]
 
 # The prompt ids that seed the detokenizer and decide where reasoning starts (a marker is a few ids).
 _PROMPT_TAIL = 8
@@ -124,7 +131,7 @@ def _require(stream: bool, has_whole: bool, whole: str) -> None:
 # -- reading the ids --------------------------------------------------------------------------------------------
 
 
-class _Reader:
+class DerenderReader:
     """What every derender call derives from the pipeline: the EOS ids and how a request's output is read."""
 
     def __init__(self, pipeline: RenderPipeline) -> None:
@@ -181,7 +188,11 @@ class _Reader:
 
 
 def _read(
-    reader: _Reader, config: OutputConfig, choice: GenerateChoice, prompt_ids: Sequence[int], param: str
+    reader: DerenderReader,
+    config: OutputConfig,
+    choice: GenerateChoice,
+    prompt_ids: Sequence[int],
+    param: str,
 ) -> tuple[OutputDelta, int | str | None]:
     ids = choice.token_ids or []
     if not ids:
@@ -243,7 +254,7 @@ def _served(pipeline: RenderPipeline, model: str | None) -> str:
     return model or pipeline.served_model_names[0]
 
 
-def derender_chat(reader: _Reader, body: ChatDerenderRequest) -> dict[str, Any]:
+def derender_chat(reader: DerenderReader, body: ChatDerenderRequest) -> dict[str, Any]:
     """The `chat.completion` of a whole output."""
     model = _served(reader.pipeline, body.model)
     output = body.generate_response
@@ -288,7 +299,7 @@ def derender_chat(reader: _Reader, body: ChatDerenderRequest) -> dict[str, Any]:
     }
 
 
-def derender_completion(reader: _Reader, body: CompletionDerenderRequest) -> dict[str, Any]:
+def derender_completion(reader: DerenderReader, body: CompletionDerenderRequest) -> dict[str, Any]:
     """The `text_completion` of one whole output per prompt (choices numbered across prompts)."""
     model = _served(reader.pipeline, body.model)
     outputs = body.generate_responses or []
@@ -346,7 +357,7 @@ _STREAM_STOP_STRINGS = (
 
 
 def _stream_step(
-    reader: _Reader,
+    reader: DerenderReader,
     config: OutputConfig,
     chunk: GenerateOutput,
     state: dict[str, Any] | None,
@@ -382,7 +393,7 @@ def _stream_step(
     return choice, delta, role_sent, new_state
 
 
-def _check_carried_ids(reader: _Reader, carried: dict[str, Any]) -> None:
+def _check_carried_ids(reader: DerenderReader, carried: dict[str, Any]) -> None:
     """The ids a carried state's detokenizer holds come back from the client: ids outside the vocabulary would
     reach the tokenizer's decode (an OverflowError for a negative one), so they are a 400 like any other."""
     detokenizer = carried.get("detokenizer")
@@ -394,7 +405,8 @@ def _check_carried_ids(reader: _Reader, carried: dict[str, Any]) -> None:
         )
 
 
-def _stream_chat(reader: _Reader, body: ChatDerenderRequest) -> dict[str, Any]:
+def derender_chat_chunk(reader: DerenderReader, body: ChatDerenderRequest) -> dict[str, Any]:
+    """One `chat.completion.chunk` of a streamed output (`stream: true`) and the `stream_state` to carry."""
     model = _served(reader.pipeline, body.model)
     request, chunk = body.chat_request, body.generate_chunk
     if chunk is None:
@@ -452,7 +464,8 @@ def _stream_chat(reader: _Reader, body: ChatDerenderRequest) -> dict[str, Any]:
     return {"chunk": answer, "stream_state": state}
 
 
-def _stream_completion(reader: _Reader, body: CompletionDerenderRequest) -> dict[str, Any]:
+def derender_completion_chunk(reader: DerenderReader, body: CompletionDerenderRequest) -> dict[str, Any]:
+    """One `text_completion` chunk of a streamed output (`stream: true`) and the `stream_state` to carry."""
     model = _served(reader.pipeline, body.model)
     request, chunk = body.completion_request, body.generate_chunk
     if chunk is None:
@@ -500,7 +513,7 @@ def _stream_completion(reader: _Reader, body: CompletionDerenderRequest) -> dict
 # -- routes -----------------------------------------------------------------------------------------------------
 
 
-def _reader(raw: Request) -> _Reader:
+def _reader(raw: Request) -> DerenderReader:
     pipeline: RenderPipeline | None = getattr(raw.app.state, "pipeline", None)
     if pipeline is None:
         raise APIError(
@@ -512,11 +525,13 @@ def _reader(raw: Request) -> _Reader:
         )
     reader = getattr(raw.app.state, "derender_reader", None)
     if reader is None or reader.pipeline is not pipeline:
-        reader = raw.app.state.derender_reader = _Reader(pipeline)
+        reader = raw.app.state.derender_reader = DerenderReader(pipeline)
     return reader
 
 
-def _encoded(derender: Callable[[_Reader, _Body], dict[str, Any]], reader: _Reader, body: _Body) -> bytes:
+def _encoded(
+    derender: Callable[[DerenderReader, _Body], dict[str, Any]], reader: DerenderReader, body: _Body
+) -> bytes:
     """The answer of `derender`, as JSON: both run where the output is read (a million ids take seconds)."""
     return dumps(derender(reader, body))
 
@@ -531,7 +546,7 @@ def derender_router() -> APIRouter:
     )
     async def derender_chat_route(request: ChatDerenderRequest, raw: Request) -> Response:
         reader = _reader(raw)
-        derender = _stream_chat if request.stream else derender_chat
+        derender = derender_chat_chunk if request.stream else derender_chat
         answer = await render_off_loop(
             raw, request, _encoded, derender, reader, request, inline_bytes=_INLINE_BYTES
         )
@@ -543,7 +558,7 @@ def derender_router() -> APIRouter:
     )
     async def derender_completion_route(request: CompletionDerenderRequest, raw: Request) -> Response:
         reader = _reader(raw)
-        derender = _stream_completion if request.stream else derender_completion
+        derender = derender_completion_chunk if request.stream else derender_completion
         answer = await render_off_loop(
             raw, request, _encoded, derender, reader, request, inline_bytes=_INLINE_BYTES
         )
