@@ -320,7 +320,12 @@ def test_a_kept_alive_connection_the_worker_closed_is_replaced() -> None:
         async with Server(handler) as server:
             connections = pool_of(server.url)
             assert (await fetch(connections))[0] == 200
-            await asyncio.sleep(0.05)
+
+            async def close_arrived() -> None:
+                while any(connection.reusable for connection in connections.idle_connections):
+                    await asyncio.sleep(0.001)
+
+            await asyncio.wait_for(close_arrived(), 5)  # the worker's close reached the idle connection
             assert (await fetch(connections))[0] == 200
             assert server.connections == 2
 
@@ -515,7 +520,12 @@ def test_a_cancelled_request_stays_cancelled() -> None:
         async with Server(hanging) as server:
             proxy = await _proxy(server.url)
             task = asyncio.ensure_future(proxy.send_watching(_plan(), _request(None)))
-            await asyncio.sleep(0.2)
+
+            async def request_arrived() -> None:
+                while not any(e.head.startswith(b"POST") for e in server.requests):
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(request_arrived(), 5)  # the request waits on the worker
             task.cancel()  # a shutdown, not the client leaving
             with pytest.raises(asyncio.CancelledError):
                 await task
