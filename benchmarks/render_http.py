@@ -533,7 +533,7 @@ def _render_function(pipeline: RenderPipeline) -> Callable[[Body], list[int]]:
 
 
 def _cache_stats(backend: Any) -> dict[str, int] | None:
-    stats = getattr(getattr(backend, "_tokenizer", None), "segment_cache_stats", None)
+    stats = getattr(backend, "segment_cache_stats", None)  # fastokens only
     return dict(stats()) if callable(stats) else None
 
 

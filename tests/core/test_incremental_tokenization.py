@@ -373,15 +373,15 @@ def test_overlapping_added_tokens_are_not_cut_points(qwen3: Path) -> None:
 
 
 def test_clean_cut_tokens() -> None:
-    from tokenfront.core.tokenization import _clean
+    from tokenfront.core.tokenization import split_clean_tokens
 
     patterns = ["<a>", "<b>", "x<b", "<c>", "<c>>", "<d>", "<<", "e"]
-    clean, unclean = _clean(["<a>", "<b>", "<c>", "<d>", "<<", "e"], patterns)
+    clean, unclean = split_clean_tokens(["<a>", "<b>", "<c>", "<d>", "<<", "e"], patterns)
     # <b> is straddled by x<b, <c> extended by <c>>, << overlaps itself ("<<<"), and any pattern
     # starting with "<" is overlapped by "<<"'s second character.
     assert clean == ["e"]
     assert unclean == ["<a>", "<b>", "<c>", "<d>", "<<"]
-    clean, unclean = _clean(["<a>", "<b>", "<c>"], ["<a>", "<b>", "x<b", "<c>", "<c>>"])
+    clean, unclean = split_clean_tokens(["<a>", "<b>", "<c>"], ["<a>", "<b>", "x<b", "<c>", "<c>>"])
     assert clean == ["<a>"] and unclean == ["<b>", "<c>"]
 
 

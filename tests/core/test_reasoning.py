@@ -25,9 +25,6 @@ R1 = get_reasoning_parser("deepseek_r1")
 LAGUNA = get_reasoning_parser("laguna")
 M3 = get_reasoning_parser("minimax_m3")
 
-QWEN3_CHECKPOINT = Path.home() / ".cache/tokenfront/checkpoints/qwen3"
-
-
 # --- registry ------------------------------------------------------------------------
 
 
@@ -129,11 +126,9 @@ def test_reasoning_ended_with_long_trailing_whitespace() -> None:
 
 
 @pytest.fixture(scope="module")
-def qwen3_tokenizer():
-    if not (QWEN3_CHECKPOINT / "tokenizer_config.json").exists():
-        pytest.skip(f"Qwen3 fixture checkpoint not at {QWEN3_CHECKPOINT} (run the fixtures script)")
+def qwen3_tokenizer(qwen3: Path):
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(str(QWEN3_CHECKPOINT))
+    return transformers.AutoTokenizer.from_pretrained(str(qwen3))
 
 
 def test_real_qwen3_template_enable_thinking(qwen3_tokenizer) -> None:

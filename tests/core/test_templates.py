@@ -47,7 +47,7 @@ EXPRESSIONS = [
 
 
 def _environments() -> tuple[jinja2.Environment, jinja2.Environment]:
-    ours = templates._make_environment()
+    ours = templates.make_environment()
     plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     plain.globals.update(ours.globals)
     plain.filters.update(ours.filters)

@@ -99,7 +99,7 @@ def test_background_build_serves_the_same_ids_and_switches(qwen3: Path) -> None:
     assert deferred.wait(timeout=120)
     assert isinstance(deferred.current, FastokensBackend) and deferred.name == "fastokens"
     assert deferred.encode(text, add_special_tokens=False) == expected
-    assert deferred._tokenizer.segment_cache_stats() is not None  # other attributes are the current backend's
+    assert deferred.segment_cache_stats() is not None  # other attributes are the current backend's
     # Built like any backend from a tokenizer (as `type(backend)(tokenizer)` does): ready on return.
     direct = DeferredBackend(tokenizer)
     assert isinstance(direct.current, FastokensBackend) and direct.wait(timeout=0)
@@ -109,7 +109,7 @@ def test_background_build_falls_back_when_fastokens_disagrees(
     qwen3: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(qwen3))
-    monkeypatch.setattr(tokenization, "_agrees", lambda *args: "ids differ (simulated)")
+    monkeypatch.setattr(tokenization, "first_disagreement", lambda *args: "ids differ (simulated)")
     deferred = backend_for(tokenizer, background=True)
     assert deferred.wait(timeout=120)  # type: ignore[attr-defined]
     assert deferred.name == "tokenizers"
@@ -124,7 +124,7 @@ def test_background_build_failure_keeps_the_reference(qwen3: Path, monkeypatch: 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated")
 
-    monkeypatch.setattr(tokenization, "_rust_backend", broken)
+    monkeypatch.setattr(tokenization, "rust_backend", broken)
     deferred = backend_for(tokenizer, background=True)
     assert deferred.wait(timeout=120)  # type: ignore[attr-defined]
     assert deferred.name == "transformers"

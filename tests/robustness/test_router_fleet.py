@@ -138,7 +138,7 @@ INVALID_URLS = [
 ]
 
 
-def test_router_refuses_invalid_worker_urls(router: Any) -> None:
+def test_router_refuses_invalid_worker_urls(router: Any, plain_servers: Any) -> None:
     assert len(INVALID_URLS) == 26
     refused = []
     with httpx.Client(base_url=router.url, timeout=30.0, headers=ADMIN) as client:
@@ -165,7 +165,12 @@ def test_router_refuses_invalid_worker_urls(router: Any) -> None:
         assert not_a_string.status_code == 400
         assert _listed(client) == {}
     assert len(refused) == len(INVALID_URLS)
-    time.sleep(1.5)  # three health intervals: a bad entry would show in the log by now
+    # Three health rounds (a witness worker's three checks): a bad entry would show in the log by now.
+    witness = plain_servers()
+    with httpx.Client(base_url=router.url, timeout=30.0, headers=ADMIN) as client:
+        assert client.post("/workers", json={"url": witness.url}).status_code == 201
+        assert helpers.wait_for_checks(client, witness.url, 3)
+        assert client.delete("/workers", params={"url": witness.url}).status_code == 200
     assert "Traceback" not in router.log()
 
 
@@ -379,7 +384,7 @@ def test_router_started_with_itself_as_a_worker_marks_it_unusable(fleet: Any) ->
         response = _chat(client)
         assert response.status_code == 503 and response.json()["error"]["code"] == "no_worker"
         assert time.monotonic() - started < 5.0
-        time.sleep(1.5)  # three more checks: still one line in the log
+        assert helpers.wait_for_checks(client, own, 3)  # three more checks: still one line in the log
         assert len(helpers.log_lines(router, "cannot be used")) == 1
         assert client.get("/server_info").status_code == 200
     forwarder.close()
@@ -461,7 +466,8 @@ def test_router_worker_refusing_the_key_is_not_healthy(keyed: SimpleNamespace) -
             assert item["state"] == "unusable" and item["unusable"] == "worker_api_key", item
             assert "--worker-api-key" in item["problem"] and "GET /v1/models answered 401" in item["problem"]
             assert _chat(client).status_code == 503
-            time.sleep(1.0)  # two more checks: still one line in the log
+            # Two more checks: still one line in the log.
+            assert helpers.wait_for_checks(client, worker.url, 2)
         assert len(helpers.log_lines(router, "--worker-api-key")) == 1
         checked += 1
     assert checked == 2
@@ -506,7 +512,7 @@ def test_pool_serving_filters_by_model_name() -> None:
     async def main() -> None:
         pool = WorkerPool(KvIndex(), PoolSettings(), model_names=lambda: ("a", "b"))
         for url, names in (("http://w1", ("a",)), ("http://w2", ("a", "b")), ("http://w3", None)):
-            worker = Worker(url, httpx.AsyncClient(), pool._connections(url), healthy=True)
+            worker = Worker(url, httpx.AsyncClient(), pool.connections_for(url), healthy=True)
             worker.report = WorkerReport(None, served_model_names=names)
             pool.workers[url] = worker
         try:

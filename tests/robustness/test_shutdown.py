@@ -276,7 +276,12 @@ def test_drain_cuts_a_stream_mid_event_and_a_stuck_handler() -> None:
             asyncio.create_task(drain.serve(streaming, SCOPE, stream.receive, stream.send)),
             asyncio.create_task(drain.serve(plain, SCOPE, answer.receive, answer.send)),
         ]
-        await asyncio.sleep(0.05)
+
+        async def both_waiting() -> None:
+            while drain.in_flight < 2 or len(stream.messages) < 2:
+                await asyncio.sleep(0.001)
+
+        await asyncio.wait_for(both_waiting(), 5)  # both in flight, the stream's first part sent
         assert drain.in_flight == 2
         drain.begin(0.1)
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)

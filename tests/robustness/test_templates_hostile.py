@@ -233,18 +233,18 @@ def test_hostile_template_is_a_400_naming_its_limit(pipeline: RenderPipeline, ho
 
 def test_a_failed_compile_is_remembered(pipeline: RenderPipeline) -> None:
     source = "{{ " + "(" * 300 + "1" + ")" * 300 + " }}"
-    hits = templates._compile_cached.cache_info().hits
+    hits = templates.compile_cache_info().hits
     for _ in range(3):
         with pytest.raises(RenderError, match=NESTING):
             _render(pipeline, source)
-    assert templates._compile_cached.cache_info().hits == hits + 2
+    assert templates.compile_cache_info().hits == hits + 2
 
 
 def test_any_compile_failure_is_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
     def out_of_memory(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError
 
-    monkeypatch.setattr(templates._ENVIRONMENT, "compile", out_of_memory)
+    monkeypatch.setattr(templates.ENVIRONMENT, "compile", out_of_memory)
     with pytest.raises(RenderError, match="too large to compile") as caught:
         templates.ChatTemplate("{{ messages }}")
     assert caught.value.status_code == 400 and caught.value.param == "chat_template"
@@ -307,6 +307,9 @@ def test_server_answers_a_hostile_template_with_a_400_and_keeps_serving(
     assert rss < MAX_RSS_BYTES and peak < MAX_RSS_BYTES
 
 
+RENDER_STARTS = "tokenfront_render_wait_seconds_count"
+
+
 def test_server_answers_health_while_a_long_render_runs(server: Any, client: httpx.Client) -> None:
     # The filtered loops run to the step limit (seconds): /health is answered meanwhile, off the render thread.
     source = next(h for h in HOSTILE if h.name == "filtered_loops").source
@@ -320,9 +323,17 @@ def test_server_answers_health_while_a_long_render_runs(server: Any, client: htt
             ).status_code
             answer["seconds"] = time.perf_counter() - start
 
+    def renders_started() -> float:  # calls the render thread has started (its wait histogram's count)
+        text = client.get("/metrics").text
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(RENDER_STARTS))
+
+    before = renders_started()
     thread = threading.Thread(target=render)
     thread.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60
+    while renders_started() == before:  # the render is under way on the render thread
+        assert time.monotonic() < deadline and thread.is_alive(), "the render never started"
+        time.sleep(0.01)
     health = []
     while thread.is_alive():
         start = time.perf_counter()

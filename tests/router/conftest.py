@@ -126,6 +126,24 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0, interval: f
     return condition()
 
 
+def wait_for_checks(client: httpx.Client, url: str, count: int, timeout: float = 30.0) -> bool:
+    """Wait until the router behind `client` has checked the worker `url` `count` more times (in GET /workers
+    its `seconds_since_check` starts again from 0 at each check): what a test waits on before it asserts that
+    the checks changed nothing. Return whether they happened within `timeout`."""
+    checks, last = 0, None
+
+    def checked() -> bool:
+        nonlocal checks, last
+        listed = {item["url"]: item for item in client.get("/workers").json()["workers"]}
+        since = listed[url]["seconds_since_check"]
+        if last is not None and since is not None and since < last:
+            checks += 1
+        last = since
+        return checks >= count
+
+    return wait_until(checked, timeout, interval=0.05)
+
+
 def metric(url: str, name: str, **labels: str) -> float:
     """One sample of a server's /metrics (0 when it is not there yet)."""
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10.0).text):

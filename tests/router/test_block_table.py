@@ -21,8 +21,8 @@ def test_rows_follow_a_dict_through_inserts_deletes_and_growth(
     moved_at_once: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not moved_at_once:  # as a large table grows: old slots move a few at a time, lookups try both arrays
-        monkeypatch.setattr(block_table, "_MOVE_AT_ONCE", 0)
-        monkeypatch.setattr(block_table, "_MOVE_STEP", 8)
+        monkeypatch.setattr(block_table, "MOVE_AT_ONCE", 0)
+        monkeypatch.setattr(block_table, "MOVE_STEP", 8)
     rng = random.Random(11)
     table = BlockTable({"value": np.int64}, capacity=16)
     moving_seen = 0
@@ -60,7 +60,7 @@ def test_rows_follow_a_dict_through_inserts_deletes_and_growth(
                 assert row == -1
             compared += 1
         assert len(table) == len(reference)
-        moving_seen += table._old is not None  # whether the growth path under test ran
+        moving_seen += table.growing  # whether the growth path under test ran
     assert compared > 25_000
     assert (moving_seen > 0) is not moved_at_once
     assert sorted(table.live_rows().tolist()) == sorted(row for row, _ in reference.values())

@@ -19,8 +19,8 @@ from tokenfront.router.workers import Worker
 def test_small_and_large_batches_follow_a_dict_through_growth_and_deletes(
     batch: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(block_table, "_MOVE_AT_ONCE", 0)  # grown slots move a few at a time: both paths
-    monkeypatch.setattr(block_table, "_MOVE_STEP", 64)
+    monkeypatch.setattr(block_table, "MOVE_AT_ONCE", 0)  # grown slots move a few at a time: both paths
+    monkeypatch.setattr(block_table, "MOVE_STEP", 64)
     rng = random.Random(batch[0])
     table = BlockTable({"value": np.int64}, capacity=16)
     reference: dict[int, int] = {}  # key -> row
@@ -62,7 +62,7 @@ def test_a_chains_new_rows_are_consecutive_so_a_walk_reads_them_in_sequence(bloc
     index.record_routed_hashes("http://a:8000", shared)
     chain = np.concatenate([shared, rng.integers(0, 2**64, blocks, dtype=np.uint64)])
     index.record_routed_hashes("http://b:8000", chain)
-    rows = index._table.lookup(chain[8:])
+    rows = index.table.lookup(chain[8:])
     assert np.diff(rows).tolist() == [1] * (blocks - 1)
     assert index.matched_blocks(["http://a:8000", "http://b:8000"], chain).tolist() == [8, blocks + 8]
 

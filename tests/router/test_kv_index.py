@@ -487,8 +487,8 @@ def test_the_fleet_structure_agrees_with_one_dict_per_worker(
     from tokenfront.router.fleet_blocks import Removed, Stored
 
     if incremental_moves:
-        monkeypatch.setattr(block_table, "_MOVE_AT_ONCE", 0)
-        monkeypatch.setattr(block_table, "_MOVE_STEP", 4)
+        monkeypatch.setattr(block_table, "MOVE_AT_ONCE", 0)
+        monkeypatch.setattr(block_table, "MOVE_STEP", 4)
 
     rng = random.Random(f"fleet-{ttl}")
     clock = Clock()

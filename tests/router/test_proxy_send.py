@@ -20,17 +20,17 @@ from starlette.requests import Request
 
 from tokenfront.router.connections import (
     ConnectError,
+    Connection,
     PoolTimeout,
     ReadTimeout,
     RemoteProtocolError,
     WorkerConnections,
-    _Connection,
 )
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies import build_policy
 from tokenfront.router.policies.base import RouteRequest
-from tokenfront.router.proxy import FORWARDED_HEADER, WORKER_HEADER, Plan, Proxy, RouterMetrics, _Interrupt
+from tokenfront.router.proxy import FORWARDED_HEADER, WORKER_HEADER, Interrupt, Plan, Proxy, RouterMetrics
 from tokenfront.router.workers import PoolSettings, WorkerPool, WorkerSpec
 
 BODY = b'{"choices":[{"index":0,"text":"hi"}]}'
@@ -185,7 +185,7 @@ def test_connections_are_kept_alive_and_requests_are_complete() -> None:
 
 
 class _Transport:
-    """Enough of a transport for a `_Connection` fed by hand."""
+    """Enough of a transport for a `Connection` fed by hand."""
 
     def __init__(self) -> None:
         self.paused = False
@@ -213,7 +213,7 @@ class _Transport:
 async def _parse(pieces: list[bytes], eof: bool = False) -> tuple[int, dict[str, str], list[bytes], bool]:
     """Feed an answer to a connection in pieces (the reader waiting in between), then the end of the
     connection if `eof`; what it read, and whether the connection could carry another request."""
-    connection = _Connection(asyncio.get_running_loop())
+    connection = Connection(asyncio.get_running_loop())
     connection.connection_made(_Transport())  # type: ignore[arg-type]
     await connection.send(b"POST / HTTP/1.1\r\n\r\n", 5)
 
@@ -320,7 +320,12 @@ def test_a_kept_alive_connection_the_worker_closed_is_replaced() -> None:
         async with Server(handler) as server:
             connections = pool_of(server.url)
             assert (await fetch(connections))[0] == 200
-            await asyncio.sleep(0.05)
+
+            async def close_arrived() -> None:
+                while any(connection.reusable for connection in connections.idle_connections):
+                    await asyncio.sleep(0.001)
+
+            await asyncio.wait_for(close_arrived(), 5)  # the worker's close reached the idle connection
             assert (await fetch(connections))[0] == 200
             assert server.connections == 2
 
@@ -390,7 +395,7 @@ def test_an_abandoned_answer_closes_its_connection() -> None:
             response.close()  # the client left: the worker must see its request go away
             await asyncio.wait_for(server.closed.wait(), 5)
             assert seen == [True] or server.closed.is_set()
-            assert connections._idle == []
+            assert connections.idle_connections == []
 
     run(main())
 
@@ -515,7 +520,12 @@ def test_a_cancelled_request_stays_cancelled() -> None:
         async with Server(hanging) as server:
             proxy = await _proxy(server.url)
             task = asyncio.ensure_future(proxy.send_watching(_plan(), _request(None)))
-            await asyncio.sleep(0.2)
+
+            async def request_arrived() -> None:
+                while not any(e.head.startswith(b"POST") for e in server.requests):
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(request_arrived(), 5)  # the request waits on the worker
             task.cancel()  # a shutdown, not the client leaving
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -605,7 +615,7 @@ def test_a_stream_broken_after_its_first_chunk_ends_with_an_error_event() -> Non
 def test_an_interrupt_tells_its_own_cancellation_from_others() -> None:
     async def main() -> None:
         async def waiting(outcome: list[str | None], also_cancel: bool = False, disarm: bool = False) -> None:
-            interrupt = _Interrupt()
+            interrupt = Interrupt()
             task = asyncio.current_task()
             assert task is not None
             loop = asyncio.get_running_loop()

@@ -30,6 +30,7 @@ from conftest import (
     log_lines,
     metric,
     router_command,
+    wait_for_checks,
     wait_until,
     words,
 )
@@ -164,7 +165,8 @@ def test_router_gate_follows_a_worker_with_another_template(
     assert removed.json()["gate"]["forwarding"] is True
     assert wait_until(lambda: len(log_lines(router, GATE_RESUMED)) == 1)
     assert forwarded(chat(client, [{"role": "user", "content": words(300, 30)}]))
-    time.sleep(1.0)  # a few health rounds: nothing changed, so nothing more is logged
+    # A few health rounds: nothing changed, so nothing more is logged.
+    assert wait_for_checks(client, workers[0].url, 2)
     assert len(log_lines(router, GATE_WARNING)) == 1
     assert len(log_lines(router, GATE_RESUMED)) == 1
 

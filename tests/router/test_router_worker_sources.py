@@ -232,7 +232,16 @@ def test_a_worker_added_to_the_file_joins_and_one_removed_leaves_without_a_faile
     a, b = (worker.url for worker in workers)
     listing = tmp_path / "workers.txt"
     _write(listing, f"# the fleet\n{a}\nnot-a-url\n")
-    router = _router(fleet, "--worker-file", str(listing), "--worker-source-interval", str(INTERVAL))
+    # Debug lines: each read of the file once it is gone says so (what the test waits on, below).
+    router = _router(
+        fleet,
+        "--worker-file",
+        str(listing),
+        "--worker-source-interval",
+        str(INTERVAL),
+        "--log-level",
+        "debug",
+    )
     source = f"file:{listing}"
     try:
         # Read before the router serves: the worker is in, from the file; the bad line said with its number.
@@ -259,7 +268,9 @@ def test_a_worker_added_to_the_file_joins_and_one_removed_leaves_without_a_faile
 
         # A file that vanishes keeps the workers it listed, said once.
         listing.unlink()
-        time.sleep(INTERVAL * 4)
+        # Three more reads that found no file (said at debug level): a repeated warning would show by now.
+        unreadable = f"worker source {source} is still unreadable"
+        assert wait_until(lambda: len(log_lines(router, unreadable)) >= 3, timeout=JOIN_DEADLINE * 3)
         assert _healthy_from(router, b, source)
         lines = log_lines(router, f"worker source {source}: no such file; keeping its last 1 worker until")
         assert len(lines) == 1, lines
@@ -384,6 +395,8 @@ def test_a_worker_added_to_the_dns_name_joins_and_one_removed_leaves_without_a_f
         f"127.0.0.1:{dns_server.port}",
         "--worker-source-interval",
         str(INTERVAL),
+        "--log-level",
+        "debug",  # each failed read once the DNS server is gone says so (what the test waits on, below)
     )
     source = "dns:workers.test"
     try:
@@ -415,7 +428,9 @@ def test_a_worker_added_to_the_dns_name_joins_and_one_removed_leaves_without_a_f
         dns_server.stop()
         failing = f"worker source {source}: resolving workers.test"
         assert wait_until(lambda: log_lines(router, failing) != [], timeout=15)
-        time.sleep(INTERVAL * 4)
+        # Three more reads that failed (said at debug level): a repeated warning would show by now.
+        unreadable = f"worker source {source} is still unreadable"
+        assert wait_until(lambda: len(log_lines(router, unreadable)) >= 3, timeout=30)
         assert _healthy_from(router, b, source)
         lines = log_lines(router, failing)
         assert len(lines) == 1 and "keeping its last 1 worker until" in lines[0], lines

@@ -253,8 +253,8 @@ def test_a_compile_over_the_time_budget_is_a_400_and_its_grammar_is_discarded(to
     assert f"compiling the grammar of {WHERE} took more than 0.05 s" in error.message
     assert ticks > 0
     # Once the compile thread is idle, the late grammar was not kept.
-    guided._compile_thread.submit(lambda: None).result()
-    assert guided.compilations == 0 and not guided._cache
+    guided.wait_for_compiles()
+    assert guided.compilations == 0 and not guided.cached_grammars
 
 
 def test_compiles_off_the_loop_are_cached(tokenizer: Any) -> None:
@@ -287,7 +287,7 @@ def test_grammar_memory_is_capped_per_grammar_and_in_the_cache(tokenizer: Any) -
     small = GuidedDecoding(tokenizer, 49152, limits=SchemaLimits(max_cached_grammar_bytes=1))
     for tag in ("a", "b", "a"):
         small.json_schema(_object(_strings(2, tag)))
-    assert small.compilations == 3 and len(small._cache) == 1
+    assert small.compilations == 3 and small.cached_grammars == 1
 
 
 def test_an_optional_recursion_still_closes_within_the_budget(tokenizer: Any) -> None:

@@ -60,7 +60,7 @@ def test_a_truncated_reader_of_a_full_simulated_cache_gets_every_block_as_chains
     assert answer["truncated"] and answer["events"] == [] and answer["last_seq"] == log.last_seq
     assert answer["snapshot_blocks"] == 16_384
     held = held_blocks(answer["snapshot"])
-    assert held == dict(index._blocks)  # every block, each with its own parent
+    assert held == index.parents()  # every block, each with its own parent
     # One chain per branch: far fewer chains than blocks (the JSON is about one number a block).
     assert len(answer["snapshot"]) < 200
 
@@ -129,7 +129,7 @@ def test_the_real_workers_cache_snapshot_is_consistent_with_last_seq_while_it_ch
     finally:
         stop.set()
         thread.join(10)
-    final = dict(cache._blocks)
+    final = cache.parents()
     assert len({answer["last_seq"] for answer in answers}) == 20  # each taken after the cache changed
     for answer in answers:
         assert answer["truncated"] and answer["events"] == []
@@ -145,7 +145,7 @@ def test_the_real_workers_cache_snapshot_is_consistent_with_last_seq_while_it_ch
             elif event["type"] == "removed":
                 for block in event["block_hashes"]:
                     del blocks[block]  # KeyError: the snapshot missed a block an event after it removes
-        assert blocks == {h: b.parent for h, b in final.items()}
+        assert blocks == final
 
 
 def test_the_last_snapshot_rebuilds_the_cache_after_the_engine_stopped() -> None:
@@ -157,7 +157,7 @@ def test_the_last_snapshot_rebuilds_the_cache_after_the_engine_stopped() -> None
         cache.store(ids, None, kv_for(ids))
     answer = log.read(0, snapshot=cache.snapshot)
     assert answer["snapshot_blocks"] == cache.num_blocks == 50
-    assert held_blocks(answer["snapshot"]) == {h: b.parent for h, b in cache._blocks.items()}
+    assert held_blocks(answer["snapshot"]) == cache.parents()
 
 
 # ---------------------------------------------------------------------------- the router's index
@@ -175,7 +175,7 @@ def test_the_router_index_takes_a_snapshot_as_the_workers_blocks_and_carries_on_
     assert stats["blocks"] == stats["confirmed_blocks"] == cache.num_blocks == 16_384
     assert index.tokenfront_cursor(worker) == log.last_seq
     assert index.tokenfront_log_id(worker) == log.log_id
-    assert index.holds_many(worker, list(cache._blocks)) == [True] * cache.num_blocks
+    assert index.holds_many(worker, list(cache.parents())) == [True] * cache.num_blocks
 
     # The next read starts at the snapshot's seq: events, applied on top of it.
     ids = list(range(5000, 5064))

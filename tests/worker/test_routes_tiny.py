@@ -7,7 +7,6 @@ Its output is meaningless but deterministic under greedy decoding, which is what
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -139,9 +138,10 @@ def test_small_prefix_cache_evicts_and_publishes_removals(worker: Any) -> None:
 
 
 def test_graceful_shutdown_finishes_in_flight_requests(
-    module_servers: Callable[..., Any], tiny_random: Path
+    module_servers: Callable[..., Any], tiny_random: Path, connect: Callable[[Any], Any]
 ) -> None:
     server = module_servers("serve", "--model", str(tiny_random))
+    own = connect(server)
     results: list[httpx.Response] = []
 
     def request() -> None:
@@ -151,7 +151,8 @@ def test_graceful_shutdown_finishes_in_flight_requests(
 
     thread = threading.Thread(target=request)
     thread.start()
-    time.sleep(1.0)  # the request is being generated
+    # The request is being generated.
+    assert own.wait_until(lambda: own.metric("tokenfront_engine_running") == 1)
     assert server.stop() == 0  # SIGTERM: the process waits for it, then exits 0
     thread.join()
     [response] = results

@@ -137,7 +137,7 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
     Limits (`template_limits`): the arithmetic operators go through `call_binop`, which refuses a result over a
     limit before computing it; calls go through `call` (string methods that pad, repeat, join or replace are
     checked first, and what a call built is counted); `str.format` through a bounded formatter. Filters and
-    globals are wrapped in `_make_environment`, loops and macros counted by `_Instrument`.
+    globals are wrapped in `make_environment`, loops and macros counted by `_Instrument`.
 
     Each fast path returns what the sandbox's full path returns, without its checks where they cannot fail:
     - `message.role` on a plain dict ends, after the checks, in `message["role"]` (a dict has no attribute
@@ -391,7 +391,10 @@ def _static_chars(body: list[nodes.Node]) -> int:
     return total
 
 
-def _make_environment() -> ImmutableSandboxedEnvironment:
+def make_environment() -> ImmutableSandboxedEnvironment:
+    """A new instance of the sandboxed Jinja environment every chat template is compiled in: HF's contract
+    (filters, `raise_exception`, `strftime_now`, `namespace`, the generation tag) with every output, loop and
+    filter bounded."""
     # optimized=False: Jinja's optimizer folds constant expressions while compiling, so `{{ 'x' * 10**10 }}`
     # would be built by the compiler, before any limit could see it; `finalize` (which takes the context) stops
     # the same folding of outputs. Neither changes what a template renders.
@@ -416,7 +419,8 @@ def _make_environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-_ENVIRONMENT = _make_environment()
+# The one environment every chat template is compiled in.
+ENVIRONMENT = make_environment()
 # Longest message of a template's own error passed on to the client (raise_exception text, a TypeError...).
 _MAX_ERROR_CHARS = 2000
 
@@ -448,7 +452,7 @@ class ChatTemplate:
     def __init__(self, source: str) -> None:
         limits.check_source_length(source)
         self.source = source
-        env = _ENVIRONMENT
+        env = ENVIRONMENT
         try:
             tree = env.parse(source)
             # Read before instrumenting: the detection looks at the template as written.
@@ -575,6 +579,11 @@ def compile_template(source: str) -> ChatTemplate:
     if isinstance(compiled, TemplateRenderError):
         raise copy.copy(compiled)
     return compiled
+
+
+def compile_cache_info() -> Any:
+    """`compile_template`'s cache statistics (functools' `CacheInfo`: hits, misses, maxsize, currsize)."""
+    return _compile_cached.cache_info()
 
 
 @lru_cache(maxsize=64)

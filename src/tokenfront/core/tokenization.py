@@ -122,6 +122,10 @@ class FastokensBackend:
         )
         return _id_list(encoding.ids)
 
+    def segment_cache_stats(self) -> Any:
+        """The segment cache's counters and size, as fastokens reports them (a dict), or None when it is off."""
+        return self._tokenizer.segment_cache_stats()
+
 
 class TransformersBackend:
     """The transformers tokenizer itself, for tokenizers that have no Rust model to call directly."""
@@ -269,7 +273,7 @@ def _maybe_word_char(char: str) -> bool:
     return unicodedata.category(char) not in _NON_WORD_CATEGORIES
 
 
-def _clean(candidates: Iterable[str], patterns: Sequence[str]) -> tuple[list[str], list[str]]:
+def split_clean_tokens(candidates: Iterable[str], patterns: Sequence[str]) -> tuple[list[str], list[str]]:
     """Split candidates into those every occurrence of which the first-pass scan matches, whatever precedes
     it, and the rest: no pattern starts inside it or overlaps its start, and no longer pattern starts with it."""
     candidates = list(candidates)
@@ -367,7 +371,7 @@ def segment_plan(tokenizer: Any) -> SegmentPlan:
             )
         else:
             candidates.append(content)
-    cut_tokens, unclean = _clean(candidates, [token.content for token in first_pass])
+    cut_tokens, unclean = split_clean_tokens(candidates, [token.content for token in first_pass])
     if unclean:
         notes.append(f"{len(unclean)} added tokens overlap others (e.g. {unclean[0]!r}): not cut points")
     wrap = _post_processor_wrap(_component_spec(rust.post_processor))
@@ -547,7 +551,11 @@ def _probes(tokenizer: Any) -> list[str]:
     return [*_PROBE_TEXTS, "user text with " + " and ".join(special) + " inside"]
 
 
-def _agrees(candidate: TokenizerBackend, reference: TokenizerBackend, texts: list[str]) -> str | None:
+def first_disagreement(
+    candidate: TokenizerBackend, reference: TokenizerBackend, texts: list[str]
+) -> str | None:
+    """Where ``candidate`` encodes one of ``texts`` differently from ``reference`` (with or without special
+    tokens), as a short note; None when they agree on all of them."""
     for text in texts:
         for add_special in (False, True):
             if candidate.encode(text, add_special_tokens=add_special) != reference.encode(
@@ -599,7 +607,9 @@ def incremental(backend: TokenizerBackend, tokenizer: Any, **options: Any) -> To
     return encoder
 
 
-def _rust_backend(tokenizer: Any, choice: BackendChoice, *, low_priority: bool = False) -> TokenizerBackend:
+def rust_backend(tokenizer: Any, choice: BackendChoice, *, low_priority: bool = False) -> TokenizerBackend:
+    """The Rust backend ``choice`` asks for: fastokens when it loads the tokenizer and agrees with transformers
+    on the probe texts, else `tokenizers`."""
     if choice == "tokenizers":
         return RustTokenizersBackend(tokenizer)
     try:
@@ -610,7 +620,7 @@ def _rust_backend(tokenizer: Any, choice: BackendChoice, *, low_priority: bool =
         return RustTokenizersBackend(tokenizer)
     # The reference is the transformers tokenizer itself (the ids every backend must give): no second Rust
     # copy of the tokenizer is built just to probe.
-    problem = _agrees(fast, TransformersBackend(tokenizer), _probes(tokenizer))
+    problem = first_disagreement(fast, TransformersBackend(tokenizer), _probes(tokenizer))
     if problem is not None:
         log.warning("fastokens disagrees with transformers (%s); using tokenizers", problem)
         return RustTokenizersBackend(tokenizer)
@@ -621,7 +631,7 @@ def _built_backend(
     tokenizer: Any, choice: BackendChoice, incremental_encoding: bool, *, low_priority: bool = False
 ) -> TokenizerBackend:
     try:
-        base = _rust_backend(tokenizer, choice, low_priority=low_priority)
+        base = rust_backend(tokenizer, choice, low_priority=low_priority)
     finally:
         forget_tokenizer_json(tokenizer)  # ~20 MB; the fingerprint thread holds its own reference
     release_freed_memory()

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["BlockTable", "as_keys", "distinct"]
+__all__ = ["MOVE_AT_ONCE", "MOVE_STEP", "BlockTable", "as_keys", "distinct"]
 
 # A slot holds its row's number plus one; 0 and -1 are these (0, so that a new array is lazily zeroed memory):
 _EMPTY = 0  # a slot never used in this array: a probe stops here
@@ -35,8 +35,8 @@ _DELETED = -1  # a slot whose key was deleted: a probe goes on past it, an inser
 _MAX_LOAD = 0.5  # used slots (live and deleted) over capacity before a rebuild
 _SCALAR_TAIL = 16  # this few keys left, probing goes on in Python: cheaper than numpy calls on tiny arrays
 _SCALAR_BATCH = 64  # this few keys are placed in Python, one after the other (a routed prompt's new blocks)
-_MOVE_STEP = 4096  # old slots moved into new ones per change while the table grows (a quarter per lookup)
-_MOVE_AT_ONCE = 1 << 18  # old slots this few are moved at once (a few milliseconds)
+MOVE_STEP = 4096  # old slots moved into new ones per change while the table grows (a quarter per lookup)
+MOVE_AT_ONCE = 1 << 18  # old slots this few are moved at once (a few milliseconds)
 _MAX_SLOTS = 1 << 31  # slot and row numbers are int32
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _UINT64_MAX = (1 << 64) - 1
@@ -228,6 +228,11 @@ class BlockTable:
     def __len__(self) -> int:
         return self._live
 
+    @property
+    def growing(self) -> bool:
+        """Whether a growth is under way: old slots still being moved into the larger array."""
+        return self._old is not None
+
     def nbytes(self) -> int:
         """The bytes the table's arrays use: its slots, and its columns up to the last row handed out (rows
         reserved beyond it are address space the system has not committed)."""
@@ -351,7 +356,7 @@ class BlockTable:
             capacity *= 2
         self._old, self._moved = slots, 0
         self._slots = _Slots(capacity, self._seed)
-        if slots.capacity <= _MOVE_AT_ONCE:
+        if slots.capacity <= MOVE_AT_ONCE:
             self._move_some(slots.capacity)  # a small table moves at once: a short pause, no double lookups
 
     def _move_some(self, changed: int) -> None:
@@ -359,7 +364,7 @@ class BlockTable:
         old = self._old
         if old is None:
             return
-        end = min(old.capacity, self._moved + (max(_MOVE_STEP, 8 * changed) if changed else _MOVE_STEP // 4))
+        end = min(old.capacity, self._moved + (max(MOVE_STEP, 8 * changed) if changed else MOVE_STEP // 4))
         chunk = old.rows[self._moved : end]
         live = np.flatnonzero(chunk > 0)
         rows = chunk[live].astype(np.int64) - 1

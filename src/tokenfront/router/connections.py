@@ -107,7 +107,7 @@ _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One HTTP/1.1 connection to a worker: a request written in one piece, the answer read as it arrives.
 
     The answer is parsed here: the status line and headers (interim 1xx answers skipped), then the body as
@@ -405,7 +405,7 @@ class WorkerResponse:
     def __init__(
         self,
         pool: WorkerConnections,
-        connection: _Connection,
+        connection: Connection,
         status: int,
         headers: dict[str, str],
         sent_at: float,
@@ -505,7 +505,7 @@ class WorkerConnections:
         self._connect_timeout = connect_timeout
         self._keepalive_expiry = keepalive_expiry
         self._slots = asyncio.Semaphore(max_connections)
-        self._idle: list[_Connection] = []
+        self._idle: list[Connection] = []
         self._closed = False
 
     async def post(
@@ -545,7 +545,7 @@ class WorkerConnections:
             )
         )
         await self._acquire()
-        connection: _Connection | None = None
+        connection: Connection | None = None
         try:
             while True:
                 connection = self._idle_connection()
@@ -572,7 +572,12 @@ class WorkerConnections:
             self._slots.release()
             raise
 
-    def release(self, connection: _Connection, *, reuse: bool) -> None:
+    @property
+    def idle_connections(self) -> list[Connection]:
+        """The connections kept open for re-use, oldest first (a copy)."""
+        return list(self._idle)
+
+    def release(self, connection: Connection, *, reuse: bool) -> None:
         """A response is done with its connection: keep it for the next request when it can be."""
         self._slots.release()
         if reuse and not self._closed and connection.finish():
@@ -597,7 +602,7 @@ class WorkerConnections:
         except asyncio.TimeoutError:
             raise PoolTimeout(f"all connections to {self.url} stayed busy") from None
 
-    def _idle_connection(self) -> _Connection | None:
+    def _idle_connection(self) -> Connection | None:
         while self._idle:
             connection = self._idle.pop()
             if connection.reusable and self._fresh(connection):
@@ -605,7 +610,7 @@ class WorkerConnections:
             connection.close()
         return None
 
-    def _fresh(self, connection: _Connection) -> bool:
+    def _fresh(self, connection: Connection) -> bool:
         return connection.loop.time() - connection.idle_since < self._keepalive_expiry
 
     def _prune(self) -> None:
@@ -613,14 +618,14 @@ class WorkerConnections:
         while self._idle and not (self._idle[0].reusable and self._fresh(self._idle[0])):
             self._idle.pop(0).close()
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> Connection:
         if self._closed:
             raise ConnectError(f"the worker {self.url} was removed")
         loop = asyncio.get_running_loop()
         try:
             _, connection = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _Connection(loop),
+                    lambda: Connection(loop),
                     self._host,
                     self._port,
                     ssl=self._ssl,

@@ -203,6 +203,11 @@ class FleetBlocks:
         """The index's re-entrant lock: held by every method; a feed holds it across a batch."""
         return self._lock
 
+    @property
+    def table(self) -> BlockTable:
+        """The rows of every block the index knows (read-only use: the index changes it under its lock)."""
+        return self._table
+
     def now(self) -> float:
         """The index's clock (seconds): what its routed guesses expire by; a policy's own timing follows it."""
         return self._clock()

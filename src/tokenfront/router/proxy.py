@@ -809,6 +809,10 @@ class _Interrupt:
         self._armed = False
 
 
+# Its public name (tests drive one on its own); this module's code calls it `_Interrupt`.
+Interrupt = _Interrupt
+
+
 class _RelayResponse(StreamingResponse):
     """A worker's stream, relayed to the client event by event as it arrives, never buffered.
 

@@ -111,6 +111,8 @@ class SourceMembers:
                         kept,
                         "" if kept == 1 else "s",
                     )
+                else:  # said once at warning level; each later read that fails, for whoever debugs it
+                    log.debug("worker source %s is still unreadable: %s", self.source.name, exc)
                 self._unavailable = True
                 return
             if self._unavailable:

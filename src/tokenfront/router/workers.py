@@ -563,6 +563,11 @@ class WorkerPool:
             self._tls_context = (self.settings.worker_tls or ClientTls()).context()
         return self._tls_context
 
+    def connections_for(self, url: str) -> WorkerConnections:
+        """A new pool of keep-alive connections to ``url`` for proxied requests, as the pool gives each worker it
+        adds (its timeouts, headers and TLS context)."""
+        return self._connections(url)
+
     def _connections(self, url: str) -> WorkerConnections:
         """The pool of the proxied requests."""
         settings = self.settings

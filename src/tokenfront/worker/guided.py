@@ -479,6 +479,16 @@ class GuidedDecoding:
             max_tokens,
         )
 
+    @property
+    def cached_grammars(self) -> int:
+        """How many compiled grammars the cache holds."""
+        with self._lock:
+            return len(self._cache)
+
+    def wait_for_compiles(self) -> None:
+        """Return once every compile queued so far has ended (one past its budget included)."""
+        self._compile_thread.submit(lambda: None).result()
+
     def compile(self, schema: Any, *, where: str = "parameters") -> xgr.CompiledGrammar:
         """The compiled grammar of ``schema``, checked, from the cache or compiled on the calling thread.
 

@@ -80,6 +80,12 @@ class PrefixKvCache:
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._blocks
 
+    def parents(self) -> dict[int, int | None]:
+        """Every block held, as block hash -> its parent's hash (None for a first block): what a snapshot must
+        describe."""
+        with self._lock:
+            return {block_hash: block.parent for block_hash, block in self._blocks.items()}
+
     def match(self, token_ids: Sequence[int], cache_salt: str | None = None) -> tuple[int, KvLayers | None]:
         """The longest cached prefix of ``token_ids`` in whole blocks: ``(n_tokens, kv)``; ``(0, None)`` on a miss.
 

@@ -62,6 +62,11 @@ class PrefixBlockIndex:
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._blocks
 
+    def parents(self) -> dict[int, int | None]:
+        """Every block held, as block hash -> its parent's hash (None for a first block), least recently used
+        first: what a snapshot must describe."""
+        return dict(self._blocks)
+
     def stats(self) -> dict[str, float]:
         """The counters a worker's /metrics shows of its prefix cache (`tokenfront_engine_kv_cache_*`, and the
         event log's last sequence number when there is a log), by the names the real worker's engine uses."""

@@ -58,6 +58,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokenfront.cache_root import cache_root
 from tokenfront.core.errors import CheckpointError, RenderError
 from tokenfront.core.families.chat_format import FormattedChat
 from tokenfront.core.messages import refuse_media_part
@@ -175,9 +176,7 @@ def tiktoken_encodings_dir(folder: Path) -> Path:
 
 
 def _cache_dir() -> Path:
-    # The same root as the fixtures' cache (tokenfront.fixtures.cache_root), which the core does not import.
-    root = os.environ.get("TOKENFRONT_CACHE")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "tokenfront") / "harmony"
+    return cache_root() / "harmony"  # the fixtures' root too
 
 
 def _encodings_dir(data: bytes) -> Path:
