@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.types import Receive
@@ -51,6 +51,9 @@ async def unless_disconnected(
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:  # this handler was cancelled (shutdown): the work must not outlive it
         task.cancel()
+        # Nobody awaits it now: its outcome (the engine may have failed it first, e.g. sequences aborted at
+        # shutdown) is read when it comes, so asyncio does not log it as "never retrieved" with a traceback.
+        task.add_done_callback(_discard_outcome)
         raise
     finally:
         watcher.cancel()
@@ -62,6 +65,11 @@ async def unless_disconnected(
     with contextlib.suppress(BaseException):
         await task
     raise ClientDisconnected
+
+
+def _discard_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def client_disconnected_response() -> JSONBytesResponse:

@@ -107,6 +107,10 @@ class ChoiceRun:
         """Abort the engine sequence if it is still running (stop string found, client gone, error)."""
         if self._submitted and not self.finished:
             self.finished = True
+            if self.engine.cut_at_shutdown:
+                # The shutdown deadline aborted every sequence: the request is being cut, its client did not
+                # leave (a handler cancelled after the cut ends up here too).
+                reason = "shutdown"
             self.engine.abort(self.request.request_id)
             self.metrics.aborts.labels(reason).inc()
             if reason == "client_disconnected":

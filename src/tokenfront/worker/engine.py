@@ -141,6 +141,9 @@ class Engine(abc.ABC):
     info: EngineInfo
     vocab_size: int  # the model's logits width; prompt ids must be below it
     max_context: int | None  # prompt plus generated tokens may not reach it (None: unknown)
+    # Set by `abort_all` (the shutdown deadline): every sequence still in flight was aborted by the server, so
+    # a request cut afterwards is not one whose client left.
+    cut_at_shutdown: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None:

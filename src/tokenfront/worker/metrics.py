@@ -51,7 +51,7 @@ class WorkerMetrics:
         )
         self.aborts = Counter(
             "tokenfront_worker_aborts",
-            "Engine sequences the worker aborted, by reason (stop_string, client_disconnected, error)",
+            "Engine sequences the worker aborted, by reason (stop_string, client_disconnected, error, shutdown)",
             ["reason"],
             registry=registry,
         )

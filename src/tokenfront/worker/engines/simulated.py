@@ -383,6 +383,7 @@ class SimulatedEngine(Engine):
     def abort_all(self) -> int:
         """Abort every waiting or running request at the end of the current step (the shutdown deadline: their
         streams end with "abort"); returns how many there were."""
+        self.cut_at_shutdown = True
         live = [request_id for request_id, sequence in self._live.items() if not sequence.done]
         for request_id in live:
             self.abort(request_id)

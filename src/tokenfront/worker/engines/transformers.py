@@ -247,6 +247,7 @@ class TransformersEngine(Engine):
     def abort_all(self) -> int:
         """Abort every waiting or running request at the next step (the shutdown deadline: their streams end
         with "abort"); returns how many there were."""
+        self.cut_at_shutdown = True
         with self._lock:
             live = set(self._live)
             self._aborts |= live
