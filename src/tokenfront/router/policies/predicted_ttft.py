@@ -238,7 +238,9 @@ class PredictedTtftPolicy(Policy):
 
     def route(self, candidates: Sequence[WorkerLoad], request: RouteRequest) -> Routing:
         config = self.config
-        match = match_prefix(self.kv_index, candidates, request, self.default_tokens_per_block)
+        match = match_prefix(
+            self.kv_index, candidates, request, self.default_tokens_per_block, previous=self._match
+        )
         rate = config.prefill_tokens_per_second
         prompt_tokens = match.prompt_tokens
         active = np.fromiter(map(_active_requests, candidates), np.float64, len(candidates))
