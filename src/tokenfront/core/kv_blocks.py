@@ -5,7 +5,8 @@ A prompt is cut into full blocks of `tokens_per_block` ids. A block's hash is XX
 little-endian unsigned 32-bit integers) seeded with its parent's hash, so a hash names the whole prefix up to
 that block. The first block's parent is the root hash, XXH3-64 of a fixed string with `cache_salt` mixed in,
 so prompts with different salts never share blocks. The ids are packed once per prompt and each block is one
-C call: a 32k-token prompt hashes in about 0.4 ms (docs/benchmarks.md, "KV index").
+C call: a 32k-token prompt hashes in about 0.26-0.3 ms of CPU, half of it the packing (docs/benchmarks.md,
+"KV index", measured on 8fdc511 with benchmarks/kv_decision.py).
 
 Names are 64 bits, and so is the chain's state: two prefixes share a name only by a 64-bit collision, which
 can misdirect a routing decision but never serve wrong KV (the worker's cache compares the ids it holds).
