@@ -34,6 +34,21 @@ def test_the_scheme_is_xxh3_chained_from_a_salted_root() -> None:
     )
 
 
+def test_long_prompts_chain_every_block_whatever_the_block_size() -> None:
+    """Blocks are cut many at a time: every length around those cuts names each block as the scheme does."""
+    ids = [(104_729 * i + 13) % 151_000 for i in range(16 * 200 + 9)]
+    for tokens_per_block in (1, 3, 16):
+        for n_blocks in (1, 63, 64, 65, 128, 130, 200):
+            prompt = ids[: (n_blocks + 1) * tokens_per_block - 1]  # and the ids of a block not full
+            parent = xxhash.xxh3_64_intdigest(b"tokenfront-kv-v2|salt|t")
+            expected = []
+            for start in range(0, n_blocks * tokens_per_block, tokens_per_block):
+                block = struct.pack(f"<{tokens_per_block}I", *prompt[start : start + tokens_per_block])
+                parent = xxhash.xxh3_64_intdigest(block, seed=parent)
+                expected.append(parent)
+            assert block_hashes(prompt, tokens_per_block, "t") == expected, (tokens_per_block, n_blocks)
+
+
 def test_one_step_continues_the_chain_from_a_name() -> None:
     ids = list(range(1000, 1040))
     hashes = block_hashes(ids, 8, "s")

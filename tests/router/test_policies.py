@@ -236,3 +236,23 @@ def test_kv_cache_aware_keeps_a_growing_conversation_above_the_threshold() -> No
 def test_cache_threshold_is_validated() -> None:
     with pytest.raises(ValueError, match="cache_threshold"):
         build_policy("kv_cache_aware", kv_index=KvIndex(), cache_threshold=1.5)
+
+
+@pytest.mark.parametrize("name", ["kv_cache_aware", "predicted_ttft"])
+def test_kv_policies_follow_the_candidates_as_they_change_between_decisions(name: str) -> None:
+    """The candidates' urls are reused while the router hands the same loads: a changed list is read anew."""
+    index = KvIndex()
+    policy = build_policy(name, kv_index=index)
+    first, second = workers(0, 0), [WorkerLoad("http://x0", 0, TPB), WorkerLoad("http://x1", 0, TPB)]
+    prompt = ids(40)
+    holds(index, first[1], prompt)
+    holds(index, second[0], prompt)
+    assert policy.select(first, RouteRequest(prompt)).url == "http://w1"
+    assert policy.select(list(first), RouteRequest(prompt)).url == "http://w1"  # a new list, the same loads
+    assert policy.select(second, RouteRequest(prompt)).url == "http://x0"
+    assert list(policy.explain()["workers"]) == ["http://x0", "http://x1"]
+    # Equal loads of other objects (a worker removed and added back) have the same urls.
+    again = workers(0, 0)
+    assert policy.select(again, RouteRequest(prompt)).url == "http://w1"
+    assert policy.select([*again, second[0]], RouteRequest(prompt)).url in {"http://w1", "http://x0"}
+    assert list(policy.explain()["workers"]) == ["http://w0", "http://w1", "http://x0"]

@@ -540,17 +540,20 @@ class Proxy:
         )
 
     def _choose(self, plan: Plan, tried: set[str]) -> tuple[Worker, WorkerLoad, _Decision] | None:
-        candidates = {w.url: w for w in self.pool.serving(plan.model) if w.url not in tried}
+        candidates = self.pool.serving(plan.model)
+        if tried:  # a retry: not the workers that failed this request (a first try has a pass less to make)
+            candidates = [worker for worker in candidates if worker.url not in tried]
         if not candidates:
             return None
-        loads = [worker.load() for worker in candidates.values()]
+        loads = [worker.load() for worker in candidates]
         started = time.perf_counter()
         if self.tracing is None:
             routing = self.policy.route(loads, plan.target)
         else:
             routing = self._traced_route(self.tracing, loads, plan)
         chosen = routing.worker
-        return candidates[chosen.url], chosen, _Decision(routing, time.perf_counter() - started)
+        # The pool's own worker of that url: one of the candidates (nothing awaited since they were read).
+        return self.pool.workers[chosen.url], chosen, _Decision(routing, time.perf_counter() - started)
 
     def _traced_route(self, tracing: Tracing, loads: list[WorkerLoad], plan: Plan) -> Routing:
         """The policy's decision, as a `route` span: the policy, the candidates, the worker chosen, the cached

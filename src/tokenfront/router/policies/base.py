@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class WorkerLoad:
-    """The router's live view of one worker (owned and updated by the membership code)."""
+    """The router's live view of one worker (owned and updated by the membership code).
+
+    ``url`` is fixed for the object's life (policies reuse what they read of a list of the same loads); the
+    load figures are brought up to date in place."""
 
     url: str
     active_requests: int = 0

@@ -116,7 +116,9 @@ class KvCacheAwarePolicy(Policy):
         return self.route(candidates, request).worker
 
     def route(self, candidates: Sequence[WorkerLoad], request: RouteRequest) -> Routing:
-        match = match_prefix(self.kv_index, candidates, request, self.default_tokens_per_block)
+        match = match_prefix(
+            self.kv_index, candidates, request, self.default_tokens_per_block, previous=self._match
+        )
         cached_tokens = match.cached_tokens
         best_share = match.best_share
         affinity = match.has_affinity(self.cache_threshold)

@@ -103,6 +103,7 @@ from tokenfront.router.policies.base import (
     explain_rows,
 )
 from tokenfront.router.policies.prefix_match import PrefixMatch, match_prefix, record_routed
+from tokenfront.router.policies.worker_columns import WorkerColumns
 
 __all__ = ["PredictedTtftConfig", "PredictedTtftPolicy"]
 
@@ -110,7 +111,9 @@ __all__ = ["PredictedTtftConfig", "PredictedTtftPolicy"]
 _TIE_EPSILON = 1e-12
 _url = attrgetter("url")
 _active_requests = attrgetter("active_requests")
-_ZEROS = itertools.repeat(0)
+# The per-worker totals (``WorkerColumns``): tokens still to prefill, and the prompts' tokens in flight or
+# lingering (the occupancy).
+_PENDING, _OCCUPANCY = "pending", "occupancy"
 # A next turn's previous prompt is looked for on at most this many of the workers holding most of it.
 _MAX_CONTINUED_HOLDERS = 4
 
@@ -204,12 +207,11 @@ class PredictedTtftPolicy(Policy):
         self._rng = np.random.default_rng(self.config.seed)
         self._lock = threading.Lock()  # the pending tokens and the draw: select and the hooks may race
         # Per worker url, its requests in flight from this router, by id(RouteRequest). Their sums by url are
-        # kept beside them, and only there, so a decision reads 1,000 workers' in C: the tokens still to
-        # prefill, and the prompts' tokens in flight or lingering (the occupancy).
+        # kept beside them in numpy columns, so a decision reads 1,000 workers' in one gather: the tokens still
+        # to prefill, and the prompts' tokens in flight or lingering (the occupancy); 0 for an idle worker.
         # Peer replicas' requests are tracked beside them, by the peer's key (``on_peer_routed``).
         self._in_flight: dict[str, dict[Hashable, _InFlight]] = {}
-        self._tokens_of: dict[str, int] = {}
-        self._kv_tokens_of: dict[str, int] = {}
+        self._totals = WorkerColumns((_PENDING, _OCCUPANCY))
         # Answered prompts lingering in their worker's occupancy: by serial number, expiring oldest first from
         # one queue for every worker (amortized O(1) a request); per url, the serials by where the prompt ends.
         self._lingers: dict[int, _Linger] = {}
@@ -236,14 +238,16 @@ class PredictedTtftPolicy(Policy):
 
     def route(self, candidates: Sequence[WorkerLoad], request: RouteRequest) -> Routing:
         config = self.config
-        match = match_prefix(self.kv_index, candidates, request, self.default_tokens_per_block)
+        match = match_prefix(
+            self.kv_index, candidates, request, self.default_tokens_per_block, previous=self._match
+        )
         rate = config.prefill_tokens_per_second
         prompt_tokens = match.prompt_tokens
         active = np.fromiter(map(_active_requests, candidates), np.float64, len(candidates))
         with self._lock:
             if self._expiry:
                 self._expire(self.kv_index.now())
-            pending, occupied = self._pending_tokens(match.urls)
+            pending, occupied = self._totals.read(match.urls).T
             continued = self._continued(match, occupied)
             queue = (pending + config.occupancy_weight * occupied) / rate
             affinity = match.has_affinity(config.affinity_threshold)
@@ -340,7 +344,7 @@ class PredictedTtftPolicy(Policy):
         and its tracked requests."""
         url = worker.url
         with self._lock:
-            tokens, kv_tokens = self._tokens_of.get(url, 0), self._kv_tokens_of.get(url, 0)
+            tokens, kv_tokens = self._totals.get(url, _PENDING), self._totals.get(url, _OCCUPANCY)
             tracked = len(self._in_flight.get(url, ()))
         config = self.config
         return {
@@ -376,15 +380,6 @@ class PredictedTtftPolicy(Policy):
         }
 
     # --- bookkeeping (the lock is held) --------------------------------------------------------------------
-
-    def _pending_tokens(self, urls: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Each worker's pending prefill tokens and its occupancy (0 for an idle worker)."""
-        if not self._in_flight:
-            return np.zeros(len(urls)), np.zeros(len(urls))
-        # map over dict.get with a default: the per-candidate loop stays in C.
-        tokens = np.fromiter(map(self._tokens_of.get, urls, _ZEROS), np.float64, len(urls))
-        kv_tokens = np.fromiter(map(self._kv_tokens_of.get, urls, _ZEROS), np.float64, len(urls))
-        return tokens, kv_tokens
 
     def _continued(self, match: PrefixMatch, occupied: np.ndarray) -> list[int]:
         """The lingering prompts this request continues (an agent's next turn extends its last prompt), found
@@ -430,7 +425,7 @@ class PredictedTtftPolicy(Policy):
             del ends[linger.end]
             if not ends:
                 del self._lingering_ends[url]
-        self._kv_tokens_of[url] -= linger.tokens
+        self._totals.add(url, _OCCUPANCY, -linger.tokens)
         if not left and not self._in_flight[url]:
             self._forget(url)
 
@@ -438,13 +433,11 @@ class PredictedTtftPolicy(Policy):
         """Count one request in flight on the worker (this router's, by id(RouteRequest), or a peer's)."""
         requests = self._in_flight.get(url)
         if requests is None:
-            requests = self._in_flight[url] = {}
-            self._tokens_of[url] = 0
-            self._kv_tokens_of[url] = self._lingering_of.get(url, 0)
+            requests = self._in_flight[url] = {}  # nothing lingers either: its totals are 0
         self._take_out(url, requests, key)  # the same request routed here again counts once
         tracked = requests[key] = _InFlight(shared.uncached_tokens, shared.prompt_tokens, shared.end, shared)
-        self._tokens_of[url] += tracked.uncached
-        self._kv_tokens_of[url] += tracked.prompt
+        self._totals.add(url, _PENDING, tracked.uncached)
+        self._totals.add(url, _OCCUPANCY, tracked.prompt)
         if len(requests) > self.config.max_in_flight_per_worker:  # a completion was lost
             self._take_out(url, requests, next(iter(requests)))
 
@@ -452,7 +445,7 @@ class PredictedTtftPolicy(Policy):
         """The request's first token came: its uncached tokens leave the worker's pending prefill."""
         tracked = self._in_flight.get(url, {}).get(key)
         if tracked is not None:
-            self._tokens_of[url] -= tracked.uncached
+            self._totals.add(url, _PENDING, -tracked.uncached)
             tracked.uncached = 0
 
     def _ended(self, url: str, key: Hashable) -> None:
@@ -467,7 +460,7 @@ class PredictedTtftPolicy(Policy):
             self._lingers[serial] = _Linger(url, tracked.prompt, tracked.end)
             self._expiry.append((self.kv_index.now() + linger, serial))
             self._lingering_of[url] = self._lingering_of.get(url, 0) + tracked.prompt
-            self._kv_tokens_of[url] += tracked.prompt
+            self._totals.add(url, _OCCUPANCY, tracked.prompt)
             if tracked.end is not None:
                 self._lingering_ends.setdefault(url, {})[tracked.end] = serial
         if not requests and url not in self._lingering_of:
@@ -477,10 +470,11 @@ class PredictedTtftPolicy(Policy):
         """Remove one tracked request of the worker and its tokens (nothing when it is not tracked)."""
         tracked = requests.pop(key, None)
         if tracked is not None:
-            self._tokens_of[url] -= tracked.uncached
-            self._kv_tokens_of[url] -= tracked.prompt
+            self._totals.add(url, _PENDING, -tracked.uncached)
+            self._totals.add(url, _OCCUPANCY, -tracked.prompt)
         return tracked
 
     def _forget(self, url: str) -> None:
         """The worker has nothing in flight or lingering: drop its entries (the state stays bounded)."""
-        del self._in_flight[url], self._tokens_of[url], self._kv_tokens_of[url]
+        del self._in_flight[url]
+        self._totals.clear(url)

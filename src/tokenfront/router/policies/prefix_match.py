@@ -30,6 +30,7 @@ class PrefixMatch:
     """One prompt matched against every candidate, arrays in candidate order."""
 
     request: RouteRequest
+    candidates: Sequence[WorkerLoad]  # as given: the next match reuses ``urls`` when they are the same
     urls: list[str]
     sizes: np.ndarray  # tokens per block of each candidate (a read-only broadcast when they are all equal)
     matched: np.ndarray  # leading blocks of the prompt each candidate holds
@@ -79,11 +80,24 @@ def tokens_per_block(kv_index: KvIndex, worker: WorkerLoad, default: int) -> int
 
 
 def match_prefix(
-    kv_index: KvIndex, candidates: Sequence[WorkerLoad], request: RouteRequest, default_tokens_per_block: int
+    kv_index: KvIndex,
+    candidates: Sequence[WorkerLoad],
+    request: RouteRequest,
+    default_tokens_per_block: int,
+    previous: PrefixMatch | None = None,
 ) -> PrefixMatch:
-    """Match ``request``'s prompt against every one of ``candidates`` (a request without ids matches nothing)."""
-    # Per-candidate work in C (map, attrgetter): this runs for every candidate of every request.
-    urls = list(map(_url, candidates))
+    """Match ``request``'s prompt against every one of ``candidates`` (a request without ids matches nothing).
+
+    ``previous``: the policy's last match, whose candidates' urls are reused when the candidates are the same.
+    """
+    # Per-candidate work in C (map, attrgetter): this runs for every candidate of every request. The urls are
+    # the previous match's when the candidates compare equal: the router hands the same WorkerLoad objects
+    # each time (compared by identity first, a pointer a candidate) and equal loads have equal urls, where
+    # reading 1,000 objects' urls again costs ~25 us.
+    if previous is not None and previous.candidates == candidates:
+        urls = previous.urls
+    else:
+        urls = list(map(_url, candidates))
     sizes = list(map(_tokens_per_block, candidates))
     distinct_sizes = set(sizes)
     if None in distinct_sizes:  # no size from /server_info: the one learned from events, or the default
@@ -108,6 +122,7 @@ def match_prefix(
             matched[of_size] = kv_index.matched_blocks([urls[i] for i in of_size.tolist()], names)
     return PrefixMatch(
         request=request,
+        candidates=candidates,
         urls=urls,
         sizes=np.broadcast_to(block_sizes, len(urls)),
         matched=matched,
