@@ -546,9 +546,14 @@ def _run_route(args: argparse.Namespace) -> int:
     hide_torch()  # the router renders like the renderer: keep torch out even where it is installed
     from tokenfront.server.process import bind_socket
 
-    _check_render_options(args)
+    models = _router_models(args)  # --config: each model's rendering arguments and workers
+    for model in models:
+        _check_model_options(model.where, model.args)
+    if not models:
+        _check_render_options(args)
+    _check_api_key(args.api_key, "--api-key", "TOKENFRONT_API_KEY")
     _apply_limits(args)
-    _check_workers(args.worker)
+    _check_workers([*args.worker, *(spec for model in models for spec in model.workers)])
     worker_sources = _worker_sources(args)
     _check_api_key(args.worker_api_key, "--worker-api-key", "TOKENFRONT_WORKER_API_KEY")
     _check_admin_api_key(args)
@@ -572,15 +577,17 @@ def _run_route(args: argparse.Namespace) -> int:
     # The router polls every worker's /health, /server_info and KV events: httpx's per-request INFO lines
     # would drown the log.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    options = options_from_args(args)
-    # Without --model (and --tokenizer) there is nothing to render with: the router routes by load only.
-    pipeline = (
-        RenderPipeline.load(options, build_backend_in_background=True)
-        if args.model or args.tokenizer
-        else None
-    )
+    # Without --model (and --tokenizer) there is nothing to render with: the router routes by load only. With
+    # --config, one pipeline per model, each built from its table as from the command line.
+    pipelines = [
+        RenderPipeline.load(options_from_args(model.args), build_backend_in_background=True)
+        for model in models
+    ]
+    if not models and (args.model or args.tokenizer):
+        pipelines.append(RenderPipeline.load(options_from_args(args), build_backend_in_background=True))
+    workers = [*args.worker, *_pinned_workers(models, pipelines)]
     settings = RouterSettings(
-        workers=args.worker,
+        workers=workers,
         policy=args.policy,
         load_weight=args.load_weight,
         cache_threshold=args.cache_threshold,
@@ -609,19 +616,19 @@ def _run_route(args: argparse.Namespace) -> int:
         worker_source_interval=args.worker_source_interval,
         replica_sync=replica_sync,
     )
-    if pipeline is not None:
+    for pipeline in pipelines:
         log.info(
             "router rendering with model %s, fingerprint %s; policy %s",
             ", ".join(pipeline.served_model_names),
             pipeline.fingerprint.digest[:16],
             args.policy,
         )
-    else:
+    if not pipelines:
         log.info(
             "router without a model: it routes by load only and never forwards ids; policy %s", args.policy
         )
     app = create_router_app(
-        pipeline,
+        pipelines[0] if len(pipelines) == 1 else (pipelines or None),
         settings,
         api_key=args.api_key,
         admin_api_key=args.admin_api_key,
@@ -629,9 +636,55 @@ def _run_route(args: argparse.Namespace) -> int:
         show_paths=args.show_paths,
         tracing=tracing,
     )
-    with _finishing_background_work(pipeline):
+    with contextlib.ExitStack() as stack:
+        for pipeline in pipelines:
+            stack.enter_context(_finishing_background_work(pipeline))
         _serve(app, args, sock, port)
     return 0
+
+
+def _router_models(args: argparse.Namespace) -> list[Any]:
+    """`--config`'s models (`router.config_file.ModelConfig`), none without it. TokenfrontError (one line) for
+    a file that cannot be used, or rendering flags given besides it (each model's are in its table)."""
+    if args.config is None:
+        return []
+    from tokenfront.router.config_file import read_router_config, rendering_keys
+
+    given = [
+        action.option_strings[0]
+        for key, action in rendering_keys().items()
+        if getattr(args, key, action.default) not in (action.default, None, [], {})
+    ]
+    if given:
+        raise TokenfrontError(
+            f"--config declares the router's models: give {given[0]} in its [[models]] tables, not on the command "
+            f"line (--config cannot be combined with {', '.join(given)})"
+        )
+    return read_router_config(args.config)
+
+
+def _check_model_options(where: str, args: argparse.Namespace) -> None:
+    """`_check_rendering` of one --config model, its error naming the file and the table."""
+    try:
+        _check_rendering(args)
+    except TokenfrontError as exc:
+        raise TokenfrontError(f"{where}: {exc}") from None
+
+
+def _pinned_workers(models: Sequence[Any], pipelines: Sequence[Any]) -> list[Any]:
+    """The workers --config lists under each model, pinned to it (`model=` its first served name) unless their
+    spec pins them already."""
+    workers = []
+    for model, pipeline in zip(models, pipelines, strict=True):
+        name = pipeline.served_model_names[0]
+        for spec in model.workers:
+            if spec.model is not None and spec.model not in pipeline.served_model_names:
+                raise TokenfrontError(
+                    f"{model.where}: worker {spec.url} is pinned to model={spec.model}, not one of this model's "
+                    f"names ({', '.join(pipeline.served_model_names)})"
+                )
+            workers.append(spec if spec.model is not None else dataclasses.replace(spec, model=name))
+    return workers
 
 
 def _replica_sync(args: argparse.Namespace) -> ReplicaSyncSettings | None:
@@ -681,6 +734,12 @@ def _check_render_options(args: argparse.Namespace) -> None:
     """The start-up mistakes that can be found without loading anything, each a TokenfrontError in one line:
     a local --model / --tokenizer folder that does not exist, a --chat-template file that does not exist, an
     unknown parser, an empty --served-model-name, an --api-key that cannot work."""
+    _check_rendering(args)
+    _check_api_key(args.api_key, "--api-key", "TOKENFRONT_API_KEY")
+
+
+def _check_rendering(args: argparse.Namespace) -> None:
+    """`_check_render_options` but the --api-key: the rendering flags alone (also a --config model's)."""
     from tokenfront.core.checkpoint import load_chat_templates, resolve_folder
     from tokenfront.core.reasoning import get_reasoning_parser
     from tokenfront.core.tool_calls import get_tool_call_parser
@@ -704,7 +763,6 @@ def _check_render_options(args: argparse.Namespace) -> None:
     for name in args.served_model_name or ():
         if not name.strip():
             raise TokenfrontError("--served-model-name: a model name must not be empty")
-    _check_api_key(args.api_key, "--api-key", "TOKENFRONT_API_KEY")
 
 
 # What a worker's --model folder needs besides the tokenizer: the config and weights transformers loads.
@@ -884,17 +942,30 @@ _fraction = _float_between(0, 1)
 
 
 def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
+    models = parser.add_argument_group("several models")
+    models.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        help="serve several models behind this router: a TOML file of [[models]] tables, each a model's "
+        "rendering flags (model, served_model_name, chat_template, reasoning_parser, ... spelled with _ for -) "
+        'and optionally its workers = ["URL[,key=value...]", ...]; requests go by their `model` to that '
+        "model's pipeline, gate and workers (a worker belongs to the model its reported names name, or the one "
+        "its model=NAME pins). Instead of --model and the rendering flags; every other setting stays a flag "
+        "(docs/operations.md, several models)",
+    )
     group = parser.add_argument_group("routing")
     group.add_argument(
         "--worker",
         action="append",
         default=[],
         type=_worker_spec,
-        metavar="URL[,kv-events=ENDPOINT[,kv-replay=ENDPOINT]][,protocol=openai|generate][,verify=probe]",
+        metavar="URL[,kv-events=ENDPOINT[,kv-replay=ENDPOINT]][,protocol=openai|generate][,verify=probe]"
+        "[,model=NAME]",
         help="a worker's base URL (repeat for each); `,kv-events=tcp://HOST:PORT` subscribes to a vLLM "
         "worker's ZMQ KV events; `,protocol=generate` sends forwarded ids to vLLM's /inference/v1/generate "
         "(default: openai, as prompt_token_ids); `,verify=probe` lets a worker with no rendering fingerprint "
-        "(vLLM) be forwarded to when its /tokenize answers a built-in probe corpus with the router's ids. "
+        "(vLLM) be forwarded to when its /tokenize answers a built-in probe corpus with the router's ids; "
+        "`,model=NAME` pins it to that model of the router's (default: the model its reported names name). "
         "More can be added at runtime with POST /workers",
     )
     group.add_argument(

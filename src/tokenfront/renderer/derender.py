@@ -27,6 +27,7 @@ from tokenfront.core.output import ChoiceParser, OutputConfig, OutputDelta, Outp
 from tokenfront.core.reasoning import reasoning_ended
 from tokenfront.core.render import RenderPipeline
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfront.renderer.routes import pipeline_for
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute
 from tokenfront.server.models import check_model
@@ -500,8 +501,11 @@ def _stream_completion(reader: _Reader, body: CompletionDerenderRequest) -> dict
 # -- routes -----------------------------------------------------------------------------------------------------
 
 
-def _reader(raw: Request) -> _Reader:
+def _reader(raw: Request, model: str | None) -> _Reader:
+    """The reader of `model`'s pipeline (a router of several models has one per model: `pipeline_for`)."""
     pipeline: RenderPipeline | None = getattr(raw.app.state, "pipeline", None)
+    if pipeline is not None:
+        pipeline = pipeline_for(raw.app, model)
     if pipeline is None:
         raise APIError(
             501,
@@ -510,9 +514,12 @@ def _reader(raw: Request) -> _Reader:
             code="derender_unavailable",
             error_type="server_error",
         )
-    reader = getattr(raw.app.state, "derender_reader", None)
+    readers: dict[int, _Reader] | None = getattr(raw.app.state, "derender_readers", None)
+    if readers is None:
+        readers = raw.app.state.derender_readers = {}
+    reader = readers.get(id(pipeline))
     if reader is None or reader.pipeline is not pipeline:
-        reader = raw.app.state.derender_reader = _Reader(pipeline)
+        reader = readers[id(pipeline)] = _Reader(pipeline)
     return reader
 
 
@@ -522,7 +529,8 @@ def _encoded(derender: Callable[[_Reader, _Body], dict[str, Any]], reader: _Read
 
 
 def derender_router() -> APIRouter:
-    """The derender routes; they read ids with the pipeline on `app.state.pipeline`."""
+    """The derender routes; they read ids with the pipeline `renderer.routes.pipeline_for` picks for the
+    request's `model` (`app.state.pipeline` but on a router of several models)."""
     router = APIRouter(tags=["derender"], route_class=LeanRoute)
 
     @router.post(
@@ -530,7 +538,7 @@ def derender_router() -> APIRouter:
         summary="Output token ids into a chat.completion (vLLM's derender; stream: true for one chunk)",
     )
     async def derender_chat_route(request: ChatDerenderRequest, raw: Request) -> Response:
-        reader = _reader(raw)
+        reader = _reader(raw, request.model)
         derender = _stream_chat if request.stream else derender_chat
         answer = await render_off_loop(
             raw, request, _encoded, derender, reader, request, inline_bytes=_INLINE_BYTES
@@ -542,7 +550,7 @@ def derender_router() -> APIRouter:
         summary="Output token ids into a text_completion (vLLM's derender; stream: true for one chunk)",
     )
     async def derender_completion_route(request: CompletionDerenderRequest, raw: Request) -> Response:
-        reader = _reader(raw)
+        reader = _reader(raw, request.model)
         derender = _stream_completion if request.stream else derender_completion
         answer = await render_off_loop(
             raw, request, _encoded, derender, reader, request, inline_bytes=_INLINE_BYTES
