@@ -674,7 +674,9 @@ def _check_model_options(where: str, args: argparse.Namespace) -> None:
 def _pinned_workers(models: Sequence[Any], pipelines: Sequence[Any]) -> list[Any]:
     """The workers --config lists under each model, pinned to it (`model=` its first served name) unless their
     spec pins them already."""
-    workers = []
+    workers: list[Any] = []
+    if not models:
+        return workers  # --model: its workers are the --worker ones
     for model, pipeline in zip(models, pipelines, strict=True):
         name = pipeline.served_model_names[0]
         for spec in model.workers:

@@ -269,7 +269,10 @@ def _model_groups(
     try:
         model_groups = ModelGroups(groups)
     except ValueError as exc:
-        raise TokenfrontError(f"{exc}: each served model name must name one model") from None
+        raise TokenfrontError(
+            f"{exc}: each served model name must name one model (a model given no served_model_name is served "
+            "under its checkpoint folder's name)"
+        ) from None
     names = model_groups.placement.key_of
     for spec in settings.workers:
         if spec.model is not None and spec.model not in names:

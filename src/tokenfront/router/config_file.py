@@ -181,7 +181,7 @@ def _check_names(models: Sequence[ModelConfig]) -> None:
         for name in model.args.served_model_name:
             if name in seen:
                 raise ConfigError(
-                    f"{model.where}: served_model_name {name!r} is also {seen[name]}'s: each name must name one "
-                    "model"
+                    f"{model.where}: served_model_name {name!r} is given to {seen[name]} too: each name must "
+                    "name one model"
                 )
             seen[name] = model.where
