@@ -149,7 +149,10 @@ class ModelGroups:
         return pipeline
 
     def of_worker(self, worker: Worker) -> ModelGroup | None:
-        """The group a worker belongs to (None: none of the router's models)."""
+        """The group a worker belongs to (None: none of the router's models). With one model, that one,
+        checked or not: every worker belongs to it."""
+        if not self.several:
+            return self.default
         key = worker.model_group
         return self.by_key.get(key) if key is not None else None
 
