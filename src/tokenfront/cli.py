@@ -985,7 +985,7 @@ def _add_router_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         type=_worker_dns,
-        metavar="NAME:PORT[,protocol=openai|generate][,verify=probe]",
+        metavar="NAME:PORT[,protocol=openai|generate][,verify=probe][,model=NAME]",
         help="a DNS name whose A/AAAA records are the workers (a Kubernetes headless Service), each address "
         "http://ADDRESS:PORT with the options given; resolved again every --worker-source-interval and on "
         "SIGHUP, a failure keeping the last workers (docs/worker-sources.md). Repeatable",

@@ -13,6 +13,7 @@ import pytest
 
 from tokenfront.router.config_file import ConfigError, read_router_config
 from tokenfront.router.model_placement import ModelPlacement
+from tokenfront.router.worker_dns import DnsWorkers
 from tokenfront.router.workers import WorkerSpec
 
 
@@ -161,3 +162,7 @@ def test_a_worker_spec_pins_a_model() -> None:
     assert WorkerSpec.parse("http://w:1").model is None
     with pytest.raises(ValueError, match="model needs a value"):
         WorkerSpec.parse("http://w:1,model=")
+    # Every worker of a DNS name (one Kubernetes Service per model) pinned alike.
+    assert DnsWorkers.parse("workers.svc:8000,model=qwen3").spec("10.0.0.7").model == "qwen3"
+    with pytest.raises(ValueError, match="model needs a value"):
+        DnsWorkers.parse("workers.svc:8000,model=")

@@ -632,12 +632,7 @@ class WorkerPool:
         active worker, each answers with its own model. `group`: only the workers of that model of the
         router's (`Worker.model_group`; None: any). The proxy chooses among these.
         """
-        if group is not None:
-            active = [
-                worker for worker in self.workers.values() if worker.healthy and worker.model_group == group
-            ]
-        else:
-            active = self.active()
+        active = self.members(group) if group is not None else self.active()
         if model is None:
             return active
         return [worker for worker in active if worker.serves(model)]
