@@ -2,8 +2,9 @@
 
 It renders with the same `RenderPipeline` as the renderer (loaded the same way: tokenizer, config and
 template files, never weights, never torch), routes with a policy from `router.policies`, forwards its ids
-only when the gate allows, and keeps its workers' membership in a `WorkerPool`. Importing this module keeps
-torch out of the process, as the renderer app does.
+only when the gate allows, and keeps its workers' membership in a `WorkerPool`. Several models (`route
+--config`) are several `router.model_group.ModelGroup`s (each its pipeline, gate and policy) over one pool.
+Importing this module keeps torch out of the process, as the renderer app does.
 """
 
 from __future__ import annotations

@@ -100,9 +100,9 @@ class ModelGroup:
             context_tokens=max_model_len(checkpoint.config) if checkpoint and has_config else None,
         )
 
-    def evaluate(self, pool: WorkerPool) -> GateState:
-        """Decide this model's forwarding again, over its active workers only (the gate logs only changes)."""
-        return self.gate.evaluate({worker.url: worker.report for worker in pool.members(self.key)})
+    def evaluate(self, workers: Sequence[Worker]) -> GateState:
+        """Decide this model's forwarding again over its active `workers` (the gate logs only changes)."""
+        return self.gate.evaluate({worker.url: worker.report for worker in workers})
 
 
 class ModelGroups:
@@ -169,6 +169,15 @@ class ModelGroups:
         """Each model's render prober, by key (for the `verify=probe` workers of that model)."""
         return {group.key: group.prober for group in self.groups if group.prober is not None}
 
+    def members(self, pool: WorkerPool, group: ModelGroup) -> list[Worker]:
+        """The active workers of `group`: its gate looks at these, its requests go to these. With one model,
+        every active worker (each belongs to it)."""
+        return pool.members(group.key) if self.several else pool.active()
+
+    def candidates(self, pool: WorkerPool, group: ModelGroup, model: str | None) -> list[Worker]:
+        """The active workers of `group` that a request naming `model` may go to (`WorkerPool.serving`)."""
+        return pool.serving(model, group.key if self.several else None)
+
     def evaluate(self, pool: WorkerPool) -> list[GateState]:
-        """Every model's forwarding decided again."""
-        return [group.evaluate(pool) for group in self.groups]
+        """Every model's forwarding decided again, each over its own active workers."""
+        return [group.evaluate(self.members(pool, group)) for group in self.groups]

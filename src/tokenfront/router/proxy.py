@@ -2,15 +2,16 @@
 
 For each chat or completions request the `Proxy`
 
-1. renders it with the router's `RenderPipeline` (the one the renderer and the workers use) to get the
-   prompt ids — a render error is the client's 400, answered as the renderer answers it; the wait is bounded
+1. picks the router's model its `model` names (`router.model_group`: a 404 `model_not_found` for a name no
+   model has) and renders it with that model's `RenderPipeline` (the one the renderer and the workers use) to
+   get the prompt ids — a render error is the client's 400, answered as the renderer answers it; the wait is bounded
    (`bounded_render`: `--render-timeout`, in this process or in `--render-processes` render processes), and a
    render that is late or fails for a reason not the client's sends the body as the client sent it, routed by
    load alone;
 2. decides what goes to the worker (a `Plan`): the body with the router's ids (chat: `prompt_token_ids`;
    completions: the ids as `prompt`) when the gate is open and the request is not one of the never-forwarded
    kinds, else the original body byte for byte;
-3. asks the policy for a worker among the active ones and sends the body on that worker's connection pool —
+3. asks the model's policy for a worker among that model's active ones and sends the body on that worker's connection pool —
    to a `protocol=generate` worker, a forwarded request goes as vLLM's tokens-in, tokens-out call instead
    (`router.generate`: the ids to `/inference/v1/generate`, the output ids derendered into the OpenAI
    answer, a stream chunk by chunk), and one the generate path cannot carry as the client sent it;
@@ -508,7 +509,7 @@ class Proxy:
         """The parsers, here and on the model's active workers, that read the reasoning mode from the prompt."""
         own = group.own_prompt_parser
         found = {own.name: own} if own is not None else {}
-        for worker in self.pool.members(group.key):
+        for worker in self.groups.members(self.pool, group):
             parser = worker.report.prompt_mode_parser if worker.report else None
             if parser is not None:
                 found.setdefault(parser.name, parser)
@@ -599,7 +600,9 @@ class Proxy:
 
     def _choose(self, plan: Plan, tried: set[str]) -> tuple[Worker, WorkerLoad, _Decision] | None:
         group = plan.group or self.groups.default
-        candidates = {w.url: w for w in self.pool.serving(plan.model, group.key) if w.url not in tried}
+        candidates = {
+            w.url: w for w in self.groups.candidates(self.pool, group, plan.model) if w.url not in tried
+        }
         if not candidates:
             return None
         loads = [worker.load() for worker in candidates.values()]

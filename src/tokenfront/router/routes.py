@@ -86,7 +86,7 @@ def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
         "unplaced_workers": [
             worker.url
             for worker in list(proxy.pool.workers.values())
-            if worker.checked and worker.model_group is None
+            if worker.report is not None and groups.of_worker(worker) is None
         ],
     }
 
@@ -95,7 +95,8 @@ def model_info(proxy: Proxy, group: ModelGroup) -> dict[str, Any]:
     """One model of the router's on `/server_info`: its names, fingerprint digest, parsers, forwarding
     decision (with its reasons) and worker counts."""
     pipeline = group.pipeline
-    members = [worker for worker in list(proxy.pool.workers.values()) if worker.model_group == group.key]
+    groups = proxy.groups
+    members = [worker for worker in list(proxy.pool.workers.values()) if groups.of_worker(worker) is group]
     return {
         "model": group.served_model_names[0] if group.served_model_names else None,
         "served_model_names": list(group.served_model_names),
