@@ -26,6 +26,7 @@ from conftest import (
     PlainOpenAIServer,
     forwarded,
     log_lines,
+    metric,
     wait_until,
 )
 from tokenfront.core.render import RenderPipeline
@@ -205,6 +206,9 @@ def test_a_mismatched_worker_of_one_model_leaves_the_others_forwarding_on(models
         assert info[QWEN]["forwarding"] is False and list(info[QWEN]["gate"]["blocking_workers"]) == [bad]
         assert info[LLAMA]["forwarding"] is True and info[LLAMA]["gate"]["blocking_workers"] == {}
         assert client.get("/workers").json()["gates"][LLAMA]["forwarding"] is True
+        url = models.router.url
+        assert metric(url, "tokenfront_router_model_forwarding", model=QWEN) == 0.0
+        assert metric(url, "tokenfront_router_model_forwarding", model=LLAMA) == 1.0
         for _ in range(3):
             assert not forwarded(_chat(client, QWEN))
             llama = _chat(client, LLAMA)
