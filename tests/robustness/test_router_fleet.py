@@ -32,6 +32,7 @@ import pytest
 from tokenfront import fixtures
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.router.kv_index import KvIndex
+from tokenfront.router.model_placement import ModelPlacement
 from tokenfront.router.workers import (
     PoolSettings,
     Worker,
@@ -510,7 +511,7 @@ def test_router_sends_no_request_naming_a_model_a_worker_does_not_serve(keyed: S
 
 def test_pool_serving_filters_by_model_name() -> None:
     async def main() -> None:
-        pool = WorkerPool(KvIndex(), PoolSettings(), model_names=lambda: ("a", "b"))
+        pool = WorkerPool(KvIndex(), PoolSettings(), placement=ModelPlacement([("a", "b")]))
         for url, names in (("http://w1", ("a",)), ("http://w2", ("a", "b")), ("http://w3", None)):
             worker = Worker(url, httpx.AsyncClient(), pool.connections_for(url), healthy=True)
             worker.report = WorkerReport(None, served_model_names=names)

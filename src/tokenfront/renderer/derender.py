@@ -22,6 +22,7 @@ from starlette.responses import Response
 
 from tokenfront.core.render import RenderPipeline
 from tokenfront.protocol.vllm import ChatDerenderRequest, CompletionDerenderRequest
+from tokenfront.renderer.routes import pipeline_for
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute
 from tokenfront.server.models import check_model
@@ -39,8 +40,12 @@ _INLINE_BYTES = 4 * 1024
 # -- routes -----------------------------------------------------------------------------------------------------
 
 
-def _pipeline(raw: Request) -> RenderPipeline:
+def _pipeline(raw: Request, model: str | None) -> RenderPipeline:
+    """The pipeline of `model` (a router of several models has one per model: `pipeline_for`), its name
+    checked."""
     pipeline: RenderPipeline | None = getattr(raw.app.state, "pipeline", None)
+    if pipeline is not None:
+        pipeline = pipeline_for(raw.app, model)
     if pipeline is None:
         raise APIError(
             501,
@@ -49,6 +54,7 @@ def _pipeline(raw: Request) -> RenderPipeline:
             code="derender_unavailable",
             error_type="server_error",
         )
+    check_model(model, pipeline.served_model_names)
     return pipeline
 
 
@@ -66,8 +72,7 @@ def derender_router() -> APIRouter:
         summary="Output token ids into a chat.completion (vLLM's derender; stream: true for one chunk)",
     )
     async def derender_chat_route(request: ChatDerenderRequest, raw: Request) -> Response:
-        pipeline = _pipeline(raw)
-        check_model(request.model, pipeline.served_model_names)
+        pipeline = _pipeline(raw, request.model)
         answer = await render_off_loop(
             raw, request, _encoded, pipeline.derender_chat, request, inline_bytes=_INLINE_BYTES
         )
@@ -78,8 +83,7 @@ def derender_router() -> APIRouter:
         summary="Output token ids into a text_completion (vLLM's derender; stream: true for one chunk)",
     )
     async def derender_completion_route(request: CompletionDerenderRequest, raw: Request) -> Response:
-        pipeline = _pipeline(raw)
-        check_model(request.model, pipeline.served_model_names)
+        pipeline = _pipeline(raw, request.model)
         answer = await render_off_loop(
             raw, request, _encoded, pipeline.derender_completion, request, inline_bytes=_INLINE_BYTES
         )

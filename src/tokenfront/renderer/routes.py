@@ -48,6 +48,7 @@ from tokenfront.server.tracing import PROMPT_TOKENS, Tracing
 __all__ = [
     "RENDER_PATHS",
     "RENDER_SCHEMA_VERSION",
+    "pipeline_for",
     "render_chat_response",
     "render_completion_response",
     "render_converted_response",
@@ -190,9 +191,21 @@ def _responses_request_id(request: ResponsesRequest) -> str:
     return request.request_id or f"resp_{secrets.token_hex(16)}"
 
 
+def pipeline_for(app: FastAPI, model: str | None) -> RenderPipeline:
+    """The pipeline that renders a request naming `model`: the app's one (`app.state.pipeline`), or — on a
+    router, which may serve several models — the one `app.state.choose_pipeline` picks for that name (its 404
+    `model_not_found` for a name no model has)."""
+    choose: Callable[[str | None], RenderPipeline] | None = getattr(app.state, "choose_pipeline", None)
+    if choose is not None:
+        return choose(model)
+    pipeline: RenderPipeline = app.state.pipeline
+    return pipeline
+
+
 def render_router(tracing: Tracing | None = None) -> APIRouter:
-    """The render routes; they use the pipeline on `app.state.pipeline`. With `tracing`, the chat and
-    completions renders are `render` spans (chosen here, once: nothing is checked per request)."""
+    """The render routes; they use the pipeline `pipeline_for` picks for the request's `model`
+    (`app.state.pipeline` but on a router). With `tracing`, the chat and completions renders are `render`
+    spans (chosen here, once: nothing is checked per request)."""
     router = APIRouter(tags=["render"], route_class=LeanRoute)
     chat_answer, completion_answer = _chat_answer, _completion_answer
     if tracing is not None:
@@ -220,7 +233,7 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
         summary="Render an Anthropic Messages request into prompt token ids (the conversation vLLM builds)",
     )
     async def render_messages(request: AnthropicMessagesRequest, raw: Request) -> Response:
-        pipeline: RenderPipeline = raw.app.state.pipeline
+        pipeline = pipeline_for(raw.app, request.model)
         check_model(request.model, pipeline.served_model_names)
         content, rendered = await render_off_loop(
             raw,
@@ -243,7 +256,7 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
         summary="Render an OpenAI Responses request into prompt token ids (the conversation vLLM builds)",
     )
     async def render_responses(request: ResponsesRequest, raw: Request) -> Response:
-        pipeline: RenderPipeline = raw.app.state.pipeline
+        pipeline = pipeline_for(raw.app, request.model)
         check_model(request.model, pipeline.served_model_names)
         content, rendered = await render_off_loop(
             raw,
@@ -263,7 +276,7 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
 
     @router.post("/tokenize", summary="Token ids of a text prompt or a chat (vLLM's /tokenize)")
     async def tokenize(request: TokenizeRequest, raw: Request) -> Response:
-        pipeline: RenderPipeline = raw.app.state.pipeline
+        pipeline = pipeline_for(raw.app, request.model)
         answer = await render_off_loop(
             raw, request, tokenize_response, pipeline, request, pipeline.max_model_len, raw.app.request_limits
         )
@@ -272,7 +285,7 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
 
     @router.post("/detokenize", summary="Text of token ids (vLLM's /detokenize)")
     async def detokenize(request: DetokenizeRequest, raw: Request) -> Response:
-        pipeline: RenderPipeline = raw.app.state.pipeline
+        pipeline = pipeline_for(raw.app, request.model)
         check_model(request.model, pipeline.served_model_names)
         return JSONBytesResponse(DetokenizeResponse(prompt=pipeline.detokenize(request.tokens)).model_dump())
 
@@ -283,14 +296,14 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
 
 def _chat_answer(app: FastAPI, request: ChatCompletionRequest, body: dict[str, Any], raw: bytes) -> bytes:
     """`/v1/chat/completions/render`'s answer, its render counted."""
-    content, rendered = render_chat_response(app.state.pipeline, request, body, raw)
+    content, rendered = render_chat_response(pipeline_for(app, request.model), request, body, raw)
     app.state.metrics.count_rendered("chat", 1, len(rendered.token_ids))
     return content
 
 
 def _completion_answer(app: FastAPI, request: CompletionRequest, body: dict[str, Any], raw: bytes) -> bytes:
     """`/v1/completions/render`'s answer, its renders counted."""
-    content, items = render_completion_response(app.state.pipeline, request, body, raw)
+    content, items = render_completion_response(pipeline_for(app, request.model), request, body, raw)
     app.state.metrics.count_rendered("completion", len(items), sum(len(item.token_ids) for item in items))
     return content
 
@@ -300,7 +313,7 @@ def _answer_of(render: Callable[..., tuple[bytes, Any]], kind: str) -> Callable[
     traced one."""
 
     def answer(app: FastAPI, request: Any, body: dict[str, Any], raw: bytes) -> bytes:
-        content, rendered = render(app.state.pipeline, request, body, raw)
+        content, rendered = render(pipeline_for(app, request.model), request, body, raw)
         items = [rendered] if kind == "chat" else rendered
         app.state.metrics.count_rendered(kind, len(items), sum(len(item.token_ids) for item in items))
         return content

@@ -2,8 +2,9 @@
 
 It renders with the same `RenderPipeline` as the renderer (loaded the same way: tokenizer, config and
 template files, never weights, never torch), routes with a policy from `router.policies`, forwards its ids
-only when the gate allows, and keeps its workers' membership in a `WorkerPool`. Importing this module keeps
-torch out of the process, as the renderer app does.
+only when the gate allows, and keeps its workers' membership in a `WorkerPool`. Several models (`route
+--config`) are several `router.model_group.ModelGroup`s (each its pipeline, gate and policy) over one pool.
+Importing this module keeps torch out of the process, as the renderer app does.
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.router.bounded_render import RenderSettings
 from tokenfront.router.fleet_metrics import FleetMetrics
-from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.kv_warmup import warm_kv_index
+from tokenfront.router.model_group import ModelGroup, ModelGroups
 from tokenfront.router.policies import build_policy
-from tokenfront.router.probe import Prober
 from tokenfront.router.proxy import Proxy, RouterMetrics
 from tokenfront.router.replica_sync import DEFAULT_HEARTBEAT, DEFAULT_PEER_TIMEOUT, ReplicaSync
 from tokenfront.router.routes import (
@@ -111,7 +111,7 @@ class ReplicaSyncSettings:
 
 
 def create_router_app(
-    pipeline: RenderPipeline | None,
+    pipeline: RenderPipeline | Sequence[RenderPipeline] | None,
     settings: RouterSettings,
     *,
     api_key: str | None = None,
@@ -123,68 +123,68 @@ def create_router_app(
 ) -> FastAPI:
     """The router: proxied inference routes, render routes, `/workers`, and the common routes (role router).
 
-    `pipeline` None is a router without a tokenizer: it routes by load only and never forwards ids.
+    `pipeline` None is a router without a tokenizer: it routes by load only and never forwards ids. Several
+    pipelines are several models behind one router (`route --config`, `router.model_group`), each with its
+    own served names, gate and policy; their workers are placed by the names they report
+    (`router.model_placement`).
     `admin_api_key` opens the admin writes (`POST`/`DELETE /workers`); None: they are off. `tracing`: its
     spans (`server.tracing`), each worker call's context sent on in `traceparent`.
     TokenfrontError (one line) when two `settings.workers` are one worker, one is the router itself, one is
-    outside `settings.worker_allow`, or there are more than `settings.max_workers`; and when render processes
-    are asked for without a pipeline. The render processes start with the app's lifespan, before it serves.
+    outside `settings.worker_allow`, one is pinned to a model the router does not serve, or there are more
+    than `settings.max_workers`; when render processes are asked for without a pipeline; when two models
+    share a served name; and when replica sync is asked for with several models. The render processes start
+    with the app's lifespan, before it serves.
     """
-    if settings.render.processes and pipeline is None:
+    pipelines = _pipelines(pipeline)
+    if settings.render.processes and not pipelines:
         raise TokenfrontError(
             "--render-processes needs --model or --tokenizer: the router has nothing to render"
         )
+    if len(pipelines) > 1 and settings.replica_sync is not None:
+        raise TokenfrontError(
+            "--replica-sync-bind shares one model's load: a router of several models (--config) cannot use it "
+            "yet; run one router per model, or drop --replica-sync-bind"
+        )
     kv_index = KvIndex()
-    policy = build_policy(
-        settings.policy,
-        kv_index=kv_index,
-        load_weight=settings.load_weight,
-        default_tokens_per_block=settings.default_tokens_per_block,
-        cache_threshold=settings.cache_threshold,
-        options=settings.policy_options,
-    )
-    has_model_path = pipeline is not None and pipeline.checkpoint.model_path is not None
-    gate = ForwardingGate(pipeline.fingerprint if pipeline else None, has_model_path=has_model_path)
+    server_metrics = ServerMetrics()
+    metrics = RouterMetrics(server_metrics.registry)
+    groups = _model_groups(pipelines, settings, kv_index, metrics)
     # This process's id: sent to workers with every request (VIA_HEADER) and published on /server_info, so
     # that a URL reaching this router, or a router routing back to it, is found however it is spelled.
     router_id = secrets.token_hex(8)
-    own_names = (
-        tuple(pipeline.served_model_names) if pipeline is not None else tuple(settings.served_model_names)
-    )
-    # Probes `verify=probe` workers (no fingerprint, e.g. vLLM) against the router's own rendering.
+    # Probes `verify=probe` workers (no fingerprint, e.g. vLLM) against their model's own rendering.
     pool = WorkerPool(
         kv_index,
         settings.pool,
-        prober=Prober(pipeline) if pipeline is not None else None,
+        probers=groups.probers(),
         router_id=router_id,
-        model_names=lambda: own_names,
+        placement=groups.placement,
     )
     if settings.listen is not None:
         pool.note_own_address(*settings.listen)
     check_worker_specs(pool, settings.workers)
     check_worker_admission(settings)
-    server_metrics = ServerMetrics()
-    metrics = RouterMetrics(server_metrics.registry)
-    routing_metrics = RoutingMetrics(server_metrics.registry, policy, pool)
-    server_metrics.registry.register(FleetMetrics(pool, gate))
-    pool.on_change = lambda: _reevaluate(pool, gate, metrics)
+    routing_metrics = RoutingMetrics(server_metrics.registry, groups.default.policy, pool, groups.policy_of)
+    server_metrics.registry.register(FleetMetrics(pool, *(group.gate for group in groups.groups)))
+    pool.on_change = lambda: _reevaluate(pool, groups, metrics)
     proxy = Proxy(
-        pipeline=pipeline,
+        pipeline=groups.default.pipeline,
         pool=pool,
-        gate=gate,
-        policy=policy,
+        gate=groups.default.gate,
+        policy=groups.default.policy,
         metrics=metrics,
         routing_metrics=routing_metrics,
         served_model_names=settings.served_model_names,
         render=settings.render,
         tracing=tracing,
+        groups=groups,
     )
     if settings.replica_sync is not None:
         proxy.sync = ReplicaSync(
             router_id=router_id,
             bind=settings.replica_sync.bind,
             peers=settings.replica_sync.peers,
-            policy=policy,
+            policy=groups.default.policy,
             pool=pool,
             heartbeat=settings.replica_sync.heartbeat,
             peer_timeout=settings.replica_sync.peer_timeout,
@@ -202,7 +202,10 @@ def create_router_app(
         show_paths=show_paths,
         tracing=tracing,
     )
-    app.state.pipeline = pipeline
+    app.state.pipeline = groups.default.pipeline
+    # The render routes render with the requested model's pipeline (`renderer.routes.pipeline_for`).
+    app.state.choose_pipeline = groups.pipeline_for
+    app.state.model_groups = groups
     app.state.pool = pool
     app.state.kv_index = kv_index
     app.state.policy_name = settings.policy
@@ -212,19 +215,76 @@ def create_router_app(
     app.state.max_workers = settings.max_workers
     app.include_router(inference_router())
     app.include_router(workers_router())
-    app.include_router(render_router(tracing) if pipeline is not None else render_unavailable_router())
+    app.include_router(render_router(tracing) if pipelines else render_unavailable_router())
     app.include_router(derender_router())
     app.include_router(inspector_router())  # its workers; a router with a tokenizer renders there too
     admission = Admission(settings.worker_allow, settings.max_workers)
     sources = WorkerSources(settings.worker_sources, pool, admission, settings.worker_source_interval)
     app.state.worker_sources = sources
-    app.router.lifespan_context = _lifespan(pool, gate, metrics, settings.workers, proxy, sources)
+    app.router.lifespan_context = _lifespan(pool, groups, metrics, settings.workers, proxy, sources)
     # Outermost on both paths (FastAPI's and the lean routes'), before auth: a request carrying this router's
     # own id came back to it.
     app.add_middleware(LoopGuard, router_id=router_id)
     if app.lean_front is not None:
         app.lean_front = LoopGuard(app.lean_front, router_id=router_id)
     return app
+
+
+def _pipelines(pipeline: RenderPipeline | Sequence[RenderPipeline] | None) -> list[RenderPipeline]:
+    """The router's pipelines, one per model (none: a router without a tokenizer)."""
+    if pipeline is None:
+        return []
+    if isinstance(pipeline, RenderPipeline):
+        return [pipeline]
+    return list(pipeline)
+
+
+def _or_none(pipelines: Sequence[RenderPipeline]) -> Sequence[RenderPipeline | None]:
+    """The pipelines, or one None (a router without a tokenizer is one model that cannot render)."""
+    return pipelines if pipelines else [None]
+
+
+def _model_groups(
+    pipelines: Sequence[RenderPipeline], settings: RouterSettings, kv_index: KvIndex, metrics: RouterMetrics
+) -> ModelGroups:
+    """One group per pipeline (one group without a pipeline when there is none), each with its own policy.
+    TokenfrontError (one line) when two models share a served name, or a worker is pinned to a name none
+    serves."""
+    several = len(pipelines) > 1
+    groups = [
+        ModelGroup.build(
+            pipeline,
+            served_model_names=settings.served_model_names,
+            policy=build_policy(
+                settings.policy,
+                kv_index=kv_index,
+                load_weight=settings.load_weight,
+                default_tokens_per_block=settings.default_tokens_per_block,
+                cache_threshold=settings.cache_threshold,
+                options=settings.policy_options,
+            ),
+            render=settings.render,
+            renders=metrics.renders,
+            render_seconds=metrics.render_seconds,
+            name_in_logs=several,
+        )
+        for pipeline in _or_none(pipelines)
+    ]
+    try:
+        model_groups = ModelGroups(groups)
+    except ValueError as exc:
+        raise TokenfrontError(
+            f"{exc}: each served model name must name one model (a model given no served_model_name is served "
+            "under its checkpoint folder's name)"
+        ) from None
+    names = model_groups.placement.key_of
+    for spec in settings.workers:
+        if spec.model is not None and spec.model not in names:
+            raise TokenfrontError(
+                f"--worker {spec.url}: model={spec.model} is not a model this router serves (it serves "
+                f"{', '.join(model_groups.served_model_names()) or 'no named model'})"
+            )
+    return model_groups
 
 
 def check_worker_specs(pool: WorkerPool, specs: Sequence[WorkerSpec]) -> None:
@@ -285,40 +345,44 @@ class LoopGuard:
         await self.app(scope, receive, send)
 
 
-def _reevaluate(pool: WorkerPool, gate: ForwardingGate, metrics: RouterMetrics) -> None:
-    """The active set or a report changed: decide forwarding again (the gate logs only changes)."""
-    active = pool.active()
-    state = gate.evaluate({worker.url: worker.report for worker in active})
-    metrics.forwarding.set(1 if state.forwarding else 0)
-    metrics.active_workers.set(len(active))
+def _reevaluate(pool: WorkerPool, groups: ModelGroups, metrics: RouterMetrics) -> None:
+    """The active set or a report changed: decide every model's forwarding again (each gate logs only its
+    changes). `tokenfront_router_forwarding` is 1 when every model forwards."""
+    states = groups.evaluate(pool)
+    for group, state in zip(groups.groups, states, strict=True):
+        metrics.model_forwarding.labels(group.key).set(1 if state.forwarding else 0)
+    metrics.forwarding.set(1 if all(state.forwarding for state in states) else 0)
+    metrics.active_workers.set(len(pool.active()))
 
 
 def _lifespan(
     pool: WorkerPool,
-    gate: ForwardingGate,
+    groups: ModelGroups,
     metrics: RouterMetrics,
     workers: Sequence[WorkerSpec],
     proxy: Proxy,
     sources: WorkerSources,
 ) -> Any:
-    renders, sync = proxy.renders, proxy.sync
+    sync = proxy.sync
+    renders = [group.renders for group in groups.groups if group.renders is not None]
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if sync is not None:
             await sync.start()  # first: a --replica-sync-bind that cannot be bound stops the start at once
-        if renders is not None:
-            # Spawned here, in the process that serves (never before a fork), and ready before it serves.
-            await renders.start(on_replaced=metrics.render_processes_replaced.inc)
+        for render in renders:
+            # Spawned here, in the process that serves (never before a fork), and ready before it serves; each
+            # model's render processes load that model's pipeline.
+            await render.start(on_replaced=metrics.render_processes_replaced.inc)
         await pool.start(workers)
         await sources.start()  # their workers added and checked, as the --worker ones, before it serves
-        _reevaluate(pool, gate, metrics)  # also with no worker answering yet: the router's own reasons
+        _reevaluate(pool, groups, metrics)  # also with no worker answering yet: the router's own reasons
         warmup = await warm_kv_index(pool)  # its index knows their caches before it serves
         log.info(
             "router ready: %d of %d workers active, forwarding ids: %s, KV events of %d of %d read",
             len(pool.active()),
             len(pool.workers),
-            "yes" if gate.state.forwarding else "no",
+            _forwarding_summary(groups),
             warmup.read,
             warmup.workers,
         )
@@ -327,9 +391,18 @@ def _lifespan(
         finally:
             await sources.stop()
             await pool.stop()
-            if renders is not None:
-                await renders.stop()
+            for render in renders:
+                await render.stop()
             if sync is not None:
                 await sync.stop()
 
     return lifespan
+
+
+def _forwarding_summary(groups: ModelGroups) -> str:
+    """`yes`/`no` for one model; `NAME yes, NAME no` for several."""
+    if not groups.several:
+        return "yes" if groups.default.gate.state.forwarding else "no"
+    return ", ".join(
+        f"{group.key} {'yes' if group.gate.state.forwarding else 'no'}" for group in groups.groups
+    )

@@ -4,6 +4,8 @@ sync, render bounds) and its start-up."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ from tokenfront.arguments import (
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.options import add_render_arguments, options_from_args
 from tokenfront.server.startup import (
+    check_rendering,
     add_server_arguments,
     check_render_options,
     finishing_background_work,
@@ -41,8 +44,13 @@ def run_route(args: argparse.Namespace) -> int:
     hide_torch()  # the router renders like the renderer: keep torch out even where it is installed
     from tokenfront.server.process import bind_socket
 
-    check_render_options(args)
-    _check_workers(args.worker)
+    models = _router_models(args)  # --config: each model's rendering arguments and workers
+    for model in models:
+        _check_model_options(model.where, model.args)
+    if not models:
+        check_render_options(args)
+    check_api_key(args.api_key, "--api-key", "TOKENFRONT_API_KEY")
+    _check_workers([*args.worker, *(spec for model in models for spec in model.workers)])
     worker_sources = _worker_sources(args)
     check_api_key(args.worker_api_key, "--worker-api-key", "TOKENFRONT_WORKER_API_KEY")
     _check_admin_api_key(args)
@@ -66,15 +74,17 @@ def run_route(args: argparse.Namespace) -> int:
     # The router polls every worker's /health, /server_info and KV events: httpx's per-request INFO lines
     # would drown the log.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    options = options_from_args(args)
-    # Without --model (and --tokenizer) there is nothing to render with: the router routes by load only.
-    pipeline = (
-        RenderPipeline.load(options, build_backend_in_background=True)
-        if args.model or args.tokenizer
-        else None
-    )
+    # Without --model (and --tokenizer) there is nothing to render with: the router routes by load only. With
+    # --config, one pipeline per model, each built from its table as from the command line.
+    pipelines = [
+        RenderPipeline.load(options_from_args(model.args), build_backend_in_background=True)
+        for model in models
+    ]
+    if not models and (args.model or args.tokenizer):
+        pipelines.append(RenderPipeline.load(options_from_args(args), build_backend_in_background=True))
+    workers = [*args.worker, *_pinned_workers(models, pipelines)]
     settings = RouterSettings(
-        workers=args.worker,
+        workers=workers,
         policy=args.policy,
         load_weight=args.load_weight,
         cache_threshold=args.cache_threshold,
@@ -103,19 +113,19 @@ def run_route(args: argparse.Namespace) -> int:
         worker_source_interval=args.worker_source_interval,
         replica_sync=replica_sync,
     )
-    if pipeline is not None:
+    for pipeline in pipelines:
         log.info(
             "router rendering with model %s, fingerprint %s; policy %s",
             ", ".join(pipeline.served_model_names),
             pipeline.fingerprint.digest[:16],
             args.policy,
         )
-    else:
+    if not pipelines:
         log.info(
             "router without a model: it routes by load only and never forwards ids; policy %s", args.policy
         )
     app = create_router_app(
-        pipeline,
+        pipelines[0] if len(pipelines) == 1 else (pipelines or None),
         settings,
         api_key=args.api_key,
         admin_api_key=args.admin_api_key,
@@ -124,9 +134,57 @@ def run_route(args: argparse.Namespace) -> int:
         show_paths=args.show_paths,
         tracing=tracing,
     )
-    with finishing_background_work(pipeline):
+    with contextlib.ExitStack() as stack:
+        for pipeline in pipelines:
+            stack.enter_context(finishing_background_work(pipeline))
         serve_app(app, args, sock, port)
     return 0
+
+
+def _router_models(args: argparse.Namespace) -> list[Any]:
+    """`--config`'s models (`router.config_file.ModelConfig`), none without it. TokenfrontError (one line) for
+    a file that cannot be used, or rendering flags given besides it (each model's are in its table)."""
+    if args.config is None:
+        return []
+    from tokenfront.router.config_file import read_router_config, rendering_keys
+
+    given = [
+        action.option_strings[0]
+        for key, action in rendering_keys().items()
+        if getattr(args, key, action.default) not in (action.default, None, [], {})
+    ]
+    if given:
+        raise TokenfrontError(
+            f"--config declares the router's models: give {given[0]} in its [[models]] tables, not on the command "
+            f"line (--config cannot be combined with {', '.join(given)})"
+        )
+    return read_router_config(args.config)
+
+
+def _check_model_options(where: str, args: argparse.Namespace) -> None:
+    """`check_rendering` of one --config model, its error naming the file and the table."""
+    try:
+        check_rendering(args)
+    except TokenfrontError as exc:
+        raise TokenfrontError(f"{where}: {exc}") from None
+
+
+def _pinned_workers(models: Sequence[Any], pipelines: Sequence[Any]) -> list[Any]:
+    """The workers --config lists under each model, pinned to it (`model=` its first served name) unless their
+    spec pins them already."""
+    workers: list[Any] = []
+    if not models:
+        return workers  # --model: its workers are the --worker ones
+    for model, pipeline in zip(models, pipelines, strict=True):
+        name = pipeline.served_model_names[0]
+        for spec in model.workers:
+            if spec.model is not None and spec.model not in pipeline.served_model_names:
+                raise TokenfrontError(
+                    f"{model.where}: worker {spec.url} is pinned to model={spec.model}, not one of this model's "
+                    f"names ({', '.join(pipeline.served_model_names)})"
+                )
+            workers.append(spec if spec.model is not None else dataclasses.replace(spec, model=name))
+    return workers
 
 
 def _replica_sync(args: argparse.Namespace) -> ReplicaSyncSettings | None:
@@ -278,17 +336,30 @@ _PREDICTED_TTFT_FLAGS = {
 
 def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     """The router's own flags: workers and their sources, the policy and its settings, the bounds it holds."""
+    models = parser.add_argument_group("several models")
+    models.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        help="serve several models behind this router: a TOML file of [[models]] tables, each a model's "
+        "rendering flags (model, served_model_name, chat_template, reasoning_parser, ... spelled with _ for -) "
+        'and optionally its workers = ["URL[,key=value...]", ...]; requests go by their `model` to that '
+        "model's pipeline, gate and workers (a worker belongs to the model its reported names name, or the one "
+        "its model=NAME pins). Instead of --model and the rendering flags; every other setting stays a flag "
+        "(docs/operations.md, several models)",
+    )
     group = parser.add_argument_group("routing")
     group.add_argument(
         "--worker",
         action="append",
         default=[],
         type=_worker_spec,
-        metavar="URL[,kv-events=ENDPOINT[,kv-replay=ENDPOINT]][,protocol=openai|generate][,verify=probe]",
+        metavar="URL[,kv-events=ENDPOINT[,kv-replay=ENDPOINT]][,protocol=openai|generate][,verify=probe]"
+        "[,model=NAME]",
         help="a worker's base URL (repeat for each); `,kv-events=tcp://HOST:PORT` subscribes to a vLLM "
         "worker's ZMQ KV events; `,protocol=generate` sends forwarded ids to vLLM's /inference/v1/generate "
         "(default: openai, as prompt_token_ids); `,verify=probe` lets a worker with no rendering fingerprint "
-        "(vLLM) be forwarded to when its /tokenize answers a built-in probe corpus with the router's ids. "
+        "(vLLM) be forwarded to when its /tokenize answers a built-in probe corpus with the router's ids; "
+        "`,model=NAME` pins it to that model of the router's (default: the model its reported names name). "
         "More can be added at runtime with POST /workers",
     )
     group.add_argument(
@@ -306,7 +377,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         type=_worker_dns,
-        metavar="NAME:PORT[,protocol=openai|generate][,verify=probe]",
+        metavar="NAME:PORT[,protocol=openai|generate][,verify=probe][,model=NAME]",
         help="a DNS name whose A/AAAA records are the workers (a Kubernetes headless Service), each address "
         "http://ADDRESS:PORT with the options given; resolved again every --worker-source-interval and on "
         "SIGHUP, a failure keeping the last workers (docs/worker-sources.md). Repeatable",

@@ -34,15 +34,16 @@ WORKER_STATES = ("healthy", "unhealthy", "pending", "unusable")
 
 
 class FleetMetrics(Collector):
-    """The fleet's metrics (module docstring), from ``pool``, its KV index and ``gate`` when scraped."""
+    """The fleet's metrics (module docstring), from ``pool``, its KV index and the ``gates`` (one per model of
+    the router's) when scraped."""
 
-    def __init__(self, pool: WorkerPool, gate: ForwardingGate) -> None:
+    def __init__(self, pool: WorkerPool, *gates: ForwardingGate) -> None:
         self._pool = pool
-        self._gate = gate
+        self._gates = gates
 
     def collect(self) -> Iterator[Metric]:
         workers = list(self._pool.workers.values())
-        blocking = self._gate.state.blocking
+        blocking = {url for gate in self._gates for url in gate.state.blocking}
         states = GaugeMetricFamily(
             "tokenfront_router_worker_state",
             "1 for the state each worker is in (GET /workers): healthy, unhealthy, pending or unusable",

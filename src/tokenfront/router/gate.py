@@ -111,8 +111,13 @@ def router_reasons(fingerprint: Fingerprint | None, *, has_model_path: bool) -> 
 class ForwardingGate:
     """Decides whether rendered ids may be forwarded, and logs each change of that decision once."""
 
-    def __init__(self, fingerprint: Fingerprint | None, *, has_model_path: bool) -> None:
+    def __init__(
+        self, fingerprint: Fingerprint | None, *, has_model_path: bool, model: str | None = None
+    ) -> None:
+        """`model`: the model this gate decides for, named in its log lines (a router of several models has
+        one gate per model); None: the router's only model, whose lines name none."""
         self.fingerprint = fingerprint
+        self.model = model
         self._router_reasons = router_reasons(fingerprint, has_model_path=has_model_path)
         # Compared as if complete: the router's own incompleteness is a router reason, said once, not once
         # more in every worker's reasons.
@@ -178,24 +183,32 @@ class ForwardingGate:
         first = self._logged is None
         was_forwarding = self.state.forwarding
         self._logged = key
+        fields = state.log_fields()
+        for_model = ""
+        if self.model is not None:
+            for_model = f" for model {self.model}"
+            fields["model"] = self.model
         if not state.forwarding:
             log.warning(
-                "not forwarding token ids: workers render each request themselves and the router's ids only "
+                "not forwarding token ids%s: workers render each request themselves and the router's ids only "
                 "choose the worker. Blocked by %s",
+                for_model,
                 state.describe(),
-                extra=state.log_fields(),
+                extra=fields,
             )
         elif state.verified_by_probe:
             log.warning(
-                "forwarding token ids to workers that publish no fingerprint: %s (a probe shows that these "
+                "forwarding token ids%s to workers that publish no fingerprint: %s (a probe shows that these "
                 "cases render alike, not that every request does)",
+                for_model,
                 state.describe_verified(),
-                extra=state.log_fields(),
+                extra=fields,
             )
         elif not first and not was_forwarding:
             log.info(
-                "forwarding token ids again: every active worker matches the router's rendering fingerprint",
-                extra=state.log_fields(),
+                "forwarding token ids again%s: every active worker matches the router's rendering fingerprint",
+                for_model,
+                extra=fields,
             )
 
 

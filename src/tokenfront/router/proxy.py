@@ -2,15 +2,16 @@
 
 For each chat or completions request the `Proxy`
 
-1. renders it with the router's `RenderPipeline` (the one the renderer and the workers use) to get the
-   prompt ids — a render error is the client's 400, answered as the renderer answers it; the wait is bounded
+1. picks the router's model its `model` names (`router.model_group`: a 404 `model_not_found` for a name no
+   model has) and renders it with that model's `RenderPipeline` (the one the renderer and the workers use) to
+   get the prompt ids — a render error is the client's 400, answered as the renderer answers it; the wait is bounded
    (`bounded_render`: `--render-timeout`, in this process or in `--render-processes` render processes), and a
    render that is late or fails for a reason not the client's sends the body as the client sent it, routed by
    load alone;
 2. decides what goes to the worker (a `Plan`): the body with the router's ids (chat: `prompt_token_ids`;
    completions: the ids as `prompt`) when the gate is open and the request is not one of the never-forwarded
    kinds, else the original body byte for byte;
-3. asks the policy for a worker among the active ones and sends the body on that worker's connection pool —
+3. asks the model's policy for a worker among that model's active ones and sends the body on that worker's connection pool —
    to a `protocol=generate` worker, a forwarded request goes as vLLM's tokens-in, tokens-out call instead
    (`router.generate`: the ids to `/inference/v1/generate`, the output ids derendered into the OpenAI
    answer, a stream chunk by chunk), and one the generate path cannot carry as the client sent it;
@@ -58,8 +59,6 @@ from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import Receive, Scope, Send
 
-from tokenfront.core.context_length import max_model_len
-from tokenfront.core.families import family_for
 from tokenfront.core.reasoning import ReasoningParser
 from tokenfront.core.render import RenderPipeline
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
@@ -82,6 +81,7 @@ from tokenfront.router.generate import (
     chat_call,
     completion_call,
 )
+from tokenfront.router.model_group import ModelGroup, ModelGroups
 from tokenfront.router.policies.base import Policy, RouteRequest, Routing, WorkerLoad
 from tokenfront.router.render_step import with_field
 from tokenfront.router.routing_metrics import RoutingMetrics, answer_usage
@@ -97,7 +97,6 @@ from tokenfront.router.workers import Worker, WorkerPool
 from tokenfront.server.disconnect import client_disconnected_response, wait_for_disconnect
 from tokenfront.server.errors import APIError, error_body
 from tokenfront.server.lean_routes import raw_body as request_body
-from tokenfront.server.models import check_model
 from tokenfront.server.request_ids import current_request_id
 from tokenfront.server.sse import SSE_DONE, sse_event
 from tokenfront.server.tracing import PROMPT_TOKENS, Tracing
@@ -165,7 +164,13 @@ class RouterMetrics:
         )
         self.forwarding = Gauge(
             "tokenfront_router_forwarding",
-            "1 when the gate lets rendered ids go to workers",
+            "1 when the gate lets rendered ids go to workers (on a router of several models: every model's)",
+            registry=registry,
+        )
+        self.model_forwarding = Gauge(
+            "tokenfront_router_model_forwarding",
+            "1 when the model's gate lets rendered ids go to its workers, by model (its first served name)",
+            ["model"],
             registry=registry,
         )
         self.active_workers = Gauge(
@@ -194,6 +199,9 @@ class Plan:
     generate: GenerateCall | None = None
     model: str | None = None  # the model the client named: only workers serving it are chosen
     max_events: int | None = None  # a stream's event budget (`worker_answers.stream_event_budget`)
+    # The router's model it goes to (`router.model_group`): only that model's workers are chosen, by its
+    # policy. None: the router's first model.
+    group: ModelGroup | None = None
 
     def call_for(self, worker: Worker) -> _Call:
         """What this worker is sent: the generate call, the body with ids, or the client's body."""
@@ -243,83 +251,107 @@ class Proxy:
         render: RenderSettings | None = None,
         routing_metrics: RoutingMetrics | None = None,
         tracing: Tracing | None = None,
+        groups: ModelGroups | None = None,
     ) -> None:
-        self.pipeline = pipeline
+        """`groups`: the router's models (`router.model_group`); None: one model, made of `pipeline`, `gate`,
+        `policy` and `served_model_names` (the other arguments are then the first model's)."""
+        self.groups = groups or ModelGroups(
+            [
+                ModelGroup.build(
+                    pipeline,
+                    served_model_names=served_model_names,
+                    policy=policy,
+                    render=render or RenderSettings(),
+                    renders=metrics.renders,
+                    render_seconds=metrics.render_seconds,
+                    name_in_logs=False,
+                    gate=gate,
+                )
+            ]
+        )
         # With it: `render`, `route` and a client span per worker call, whose context goes on in `traceparent`.
         self.tracing = tracing
-        # Every render for a plan goes through it (None: no pipeline, nothing to render with).
-        self.renders = (
-            BoundedRender(
-                pipeline,
-                render or RenderSettings(),
-                renders=metrics.renders,
-                seconds=metrics.render_seconds,
-            )
-            if pipeline is not None
-            else None
-        )
         self.pool = pool
-        self.gate = gate
-        self.policy = policy
         # Other router replicas told of each request routed, started and ended (`router.replica_sync`); None:
         # this router is alone, or does not share its load.
         self.sync: ReplicaSync | None = None
         self.metrics = metrics
         # The app registers them with its registry (router.app); a proxy built alone keeps them to itself.
-        self.routing_metrics = routing_metrics or RoutingMetrics(CollectorRegistry(), policy, pool)
-        self.served_model_names = tuple(served_model_names)
-        self.family = family_for(pipeline.checkpoint.model_type if pipeline else None)
-        own = pipeline.reasoning_parser if pipeline else None
-        self._own_prompt_parser = own if own is not None and own.reads_mode_from_prompt else None
+        self.routing_metrics = routing_metrics or RoutingMetrics(
+            CollectorRegistry(), self.groups.default.policy, pool, self.groups.policy_of
+        )
         # The request counter's children by (route, worker, forwarded): `labels()` costs more than `inc()`.
         self._served: dict[tuple[str, str, bool], Any] = {}
-        # What a request without max_tokens may generate at most, for a stream's event budget: the model's
-        # context, when the router has the model's config (None: unknown, only the byte bound holds).
-        checkpoint = pipeline.checkpoint if pipeline else None
-        has_config = checkpoint is not None and checkpoint.model_path is not None and bool(checkpoint.config)
-        self._context_tokens = max_model_len(checkpoint.config) if checkpoint and has_config else None
+
+    # The first model's parts: a single-model router's only ones (`/server_info`'s top-level fields).
+
+    @property
+    def pipeline(self) -> RenderPipeline | None:
+        return self.groups.default.pipeline
+
+    @property
+    def gate(self) -> ForwardingGate:
+        return self.groups.default.gate
+
+    @property
+    def policy(self) -> Policy:
+        return self.groups.default.policy
+
+    @property
+    def renders(self) -> BoundedRender | None:
+        return self.groups.default.renders
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        return self.groups.default.served_model_names
 
     # -- plans -----------------------------------------------------------------------------------------------
 
     async def plan_chat(self, request: ChatCompletionRequest, raw: Request) -> Plan:
-        """Render a chat request (whose body `raw` read) and decide what goes to the worker."""
-        self._check_model(request.model)
+        """Render a chat request (whose body `raw` read) with its model's pipeline and decide what goes to the
+        worker; a 404 `model_not_found` when no model of the router's has the name it gives."""
+        group = self.groups.for_request(request.model)
         raw_body = request_body(raw)
         stream, salt = bool(request.stream), request.cache_salt
-        budget = self._event_budget(request, request.max_completion_tokens or request.max_tokens, 1)
+        budget = self._event_budget(group, request, request.max_completion_tokens or request.max_tokens, 1)
         if request.prompt_token_ids is not None:
             # The client rendered it: route by its ids, send them as they are.
             target = RouteRequest(list(request.prompt_token_ids), cache_salt=salt)
             return self._unchanged(
-                "chat", CHAT_PATH, raw_body, target, stream, "client_token_ids", request.model, budget
+                group, "chat", CHAT_PATH, raw_body, target, stream, "client_token_ids", request.model, budget
             )
-        outcome = await self._render(raw, request, with_body=request.named_tool is None)
+        outcome = await self._render(group, raw, request, with_body=request.named_tool is None)
         if outcome.rendered is None or outcome.rendered.prompts is None:
             target, why = RouteRequest(None, salt), outcome.reason or "no_render"
-            return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, why, request.model, budget)
+            return self._unchanged(
+                group, "chat", CHAT_PATH, raw_body, target, stream, why, request.model, budget
+            )
         (rendered,) = outcome.rendered.prompts
         target = RouteRequest(rendered.token_ids, cache_salt=salt)
-        reason = (
-            self._never_forward(request.named_tool is not None, [rendered.prompt_text]) or self._gate_reason()
-        )
+        reason = self._never_forward(
+            group, request.named_tool is not None, [rendered.prompt_text]
+        ) or self._gate_reason(group)
         if reason is not None:
-            return self._unchanged("chat", CHAT_PATH, raw_body, target, stream, reason, request.model, budget)
+            return self._unchanged(
+                group, "chat", CHAT_PATH, raw_body, target, stream, reason, request.model, budget
+            )
         body = outcome.rendered.forwarded_body or with_field(raw_body, "prompt_token_ids", rendered.token_ids)
         build = functools.partial(chat_call, request=request, rendered=rendered)
         return self._forwarded(
-            "chat", CHAT_PATH, body, raw_body, target, stream, request.model, build, budget
+            group, "chat", CHAT_PATH, body, raw_body, target, stream, request.model, build, budget
         )
 
     async def plan_completion(self, request: CompletionRequest, raw: Request) -> Plan:
         """Render a completions request (every prompt; whose body `raw` read) and decide what goes to the
-        worker."""
-        self._check_model(request.model)
+        worker, as `plan_chat` does."""
+        group = self.groups.for_request(request.model)
         raw_body = request_body(raw)
         stream, salt = bool(request.stream), request.cache_salt
-        budget = self._event_budget(request, request.max_tokens, request.prompt_count)
-        outcome = await self._render(raw, request, with_body=not request.echo)
+        budget = self._event_budget(group, request, request.max_tokens, request.prompt_count)
+        outcome = await self._render(group, raw, request, with_body=not request.echo)
         if outcome.rendered is None or outcome.rendered.prompts is None:
             return self._unchanged(
+                group,
                 "completion",
                 COMPLETIONS_PATH,
                 raw_body,
@@ -337,10 +369,10 @@ class Proxy:
         elif request.echo:
             reason = "echo"
         else:
-            reason = self._never_forward(False, texts) or self._gate_reason()
+            reason = self._never_forward(group, False, texts) or self._gate_reason(group)
         if reason is not None:
             return self._unchanged(
-                "completion", COMPLETIONS_PATH, raw_body, target, stream, reason, request.model, budget
+                group, "completion", COMPLETIONS_PATH, raw_body, target, stream, reason, request.model, budget
             )
         body = outcome.rendered.forwarded_body
         if body is None:
@@ -348,21 +380,35 @@ class Proxy:
             body = with_field(raw_body, "prompt", prompt)
         build = functools.partial(completion_call, request=request, items=items)
         return self._forwarded(
-            "completion", COMPLETIONS_PATH, body, raw_body, target, stream, request.model, build, budget
+            group,
+            "completion",
+            COMPLETIONS_PATH,
+            body,
+            raw_body,
+            target,
+            stream,
+            request.model,
+            build,
+            budget,
         )
 
+    @staticmethod
     def _event_budget(
-        self, request: ChatCompletionRequest | CompletionRequest, max_tokens: int | None, prompts: int
+        group: ModelGroup,
+        request: ChatCompletionRequest | CompletionRequest,
+        max_tokens: int | None,
+        prompts: int,
     ) -> int | None:
         """A stream's event budget: its choices (`n` x prompts) of at most `max_tokens` each, or of the
         model's context when the request sets no max_tokens (None when that is unknown too)."""
         if not request.stream:
             return None
-        tokens = max_tokens if max_tokens is not None else self._context_tokens
+        tokens = max_tokens if max_tokens is not None else group.context_tokens
         return stream_event_budget((request.n or 1) * prompts, tokens)
 
     def _forwarded(
         self,
+        group: ModelGroup,
         route: str,
         path: str,
         body: bytes,
@@ -376,8 +422,8 @@ class Proxy:
         """A plan carrying the router's ids; its generate call is built only when a worker speaks that
         protocol."""
         call = None
-        if self.pipeline is not None and any(w.protocol == "generate" for w in self.pool.workers.values()):
-            call = build(self.pipeline)
+        if group.pipeline is not None and any(w.protocol == "generate" for w in self.pool.workers.values()):
+            call = build(group.pipeline)
         return Plan(
             route,
             path,
@@ -389,25 +435,34 @@ class Proxy:
             generate=call,
             model=model,
             max_events=max_events,
+            group=group,
         )
 
     async def _render(
-        self, raw: Request, request: ChatCompletionRequest | CompletionRequest, *, with_body: bool
+        self,
+        group: ModelGroup,
+        raw: Request,
+        request: ChatCompletionRequest | CompletionRequest,
+        *,
+        with_body: bool,
     ) -> RenderOutcome:
-        """The render a plan routes by, bounded by --render-timeout (`bounded_render`). `with_body`: the
-        forwarded body is built with it, when the gate is open and the request may be forwarded."""
-        if self.renders is None:
+        """The render a plan routes by, with its model's pipeline, bounded by --render-timeout
+        (`bounded_render`). `with_body`: the forwarded body is built with it, when the model's gate is open and
+        the request may be forwarded."""
+        renders = group.renders
+        if renders is None:
             return RenderOutcome(None, "no_render")
-        with_body = with_body and self.gate.state.forwarding
+        with_body = with_body and group.gate.state.forwarding
         if self.tracing is None:
-            return await self.renders.render(raw, request, with_body=with_body)
+            return await renders.render(raw, request, with_body=with_body)
         with self.tracing.span("render") as span:
-            outcome = await self.renders.render(raw, request, with_body=with_body)
+            outcome = await renders.render(raw, request, with_body=with_body)
             span.set_attributes(_render_span(outcome))
         return outcome
 
     def _unchanged(
         self,
+        group: ModelGroup,
         route: str,
         path: str,
         body: bytes,
@@ -428,18 +483,21 @@ class Proxy:
             reason=reason,
             model=model,
             max_events=max_events,
+            group=group,
         )
 
-    def _gate_reason(self) -> str | None:
-        return None if self.gate.state.forwarding else "gate"
+    @staticmethod
+    def _gate_reason(group: ModelGroup) -> str | None:
+        return None if group.gate.state.forwarding else "gate"
 
-    def _never_forward(self, named_tool: bool, texts: Sequence[str | None]) -> str | None:
-        parsers = self._prompt_mode_parsers()
+    def _never_forward(self, group: ModelGroup, named_tool: bool, texts: Sequence[str | None]) -> str | None:
+        parsers = self._prompt_mode_parsers(group)
+        family = group.family
         for text in texts:
             reason = never_forward_reason(
                 named_tool_choice=named_tool,
-                family_never_forwards=self.family.never_forward_ids,
-                family=self.family.name,
+                family_never_forwards=family.never_forward_ids,
+                family=family.name,
                 prompt_text=text,
                 prompt_mode_parsers=parsers,
             )
@@ -447,18 +505,15 @@ class Proxy:
                 return reason
         return None
 
-    def _prompt_mode_parsers(self) -> list[ReasoningParser]:
-        """The parsers, here and on the active workers, that read the reasoning mode from the prompt."""
-        found = {self._own_prompt_parser.name: self._own_prompt_parser} if self._own_prompt_parser else {}
-        for worker in self.pool.active():
+    def _prompt_mode_parsers(self, group: ModelGroup) -> list[ReasoningParser]:
+        """The parsers, here and on the model's active workers, that read the reasoning mode from the prompt."""
+        own = group.own_prompt_parser
+        found = {own.name: own} if own is not None else {}
+        for worker in self.groups.members(self.pool, group):
             parser = worker.report.prompt_mode_parser if worker.report else None
             if parser is not None:
                 found.setdefault(parser.name, parser)
         return list(found.values())
-
-    def _check_model(self, model: str | None) -> None:
-        # A router given no names at all lets its workers decide.
-        check_model(model, self.pipeline.served_model_names if self.pipeline else self.served_model_names)
 
     # -- sending ---------------------------------------------------------------------------------------------
 
@@ -539,8 +594,13 @@ class Proxy:
             code=NO_WORKER_CODE,
         )
 
+    def policy_for(self, plan: Plan) -> Policy:
+        """The policy of the plan's model."""
+        return (plan.group or self.groups.default).policy
+
     def _choose(self, plan: Plan, tried: set[str]) -> tuple[Worker, WorkerLoad, _Decision] | None:
-        candidates = self.pool.serving(plan.model)
+        group = plan.group or self.groups.default
+        candidates = self.groups.candidates(self.pool, group, plan.model)
         if tried:  # a retry: not the workers that failed this request (a first try has a pass less to make)
             candidates = [worker for worker in candidates if worker.url not in tried]
         if not candidates:
@@ -548,25 +608,25 @@ class Proxy:
         loads = [worker.load() for worker in candidates]
         started = time.perf_counter()
         if self.tracing is None:
-            routing = self.policy.route(loads, plan.target)
+            routing = group.policy.route(loads, plan.target)
         else:
-            routing = self._traced_route(self.tracing, loads, plan)
+            routing = self._traced_route(self.tracing, group.policy, loads, plan)
         chosen = routing.worker
         # The pool's own worker of that url: one of the candidates (nothing awaited since they were read).
         return self.pool.workers[chosen.url], chosen, _Decision(routing, time.perf_counter() - started)
 
-    def _traced_route(self, tracing: Tracing, loads: list[WorkerLoad], plan: Plan) -> Routing:
+    def _traced_route(self, tracing: Tracing, policy: Policy, loads: list[WorkerLoad], plan: Plan) -> Routing:
         """The policy's decision, as a `route` span: the policy, the candidates, the worker chosen, the cached
         tokens it predicts there (policies that look at caches), and whether the router's ids go."""
         attributes: dict[str, Any] = {
-            "tokenfront.policy": self.policy.name,
+            "tokenfront.policy": policy.name,
             "tokenfront.candidates": len(loads),
             "tokenfront.forwarded": plan.forwarded,
         }
         if plan.reason is not None:
             attributes["tokenfront.not_forwarded_reason"] = plan.reason
         with tracing.span("route", attributes) as span:
-            routing = self.policy.route(loads, plan.target)
+            routing = policy.route(loads, plan.target)
             span.set_attribute("tokenfront.worker", routing.worker.url)
             if routing.predicted_cached_tokens is not None:
                 span.set_attribute("tokenfront.predicted_cached_tokens", routing.predicted_cached_tokens)
@@ -629,7 +689,7 @@ class Proxy:
         worker.active_requests += 1
         worker.routed += 1
         started = time.perf_counter()
-        self.policy.on_routed(load, plan.target)
+        self.policy_for(plan).on_routed(load, plan.target)
         if self.sync is not None:
             self.sync.routed(load, plan.target)
         # The decision's time is the policy's choice and its bookkeeping of it, together.
@@ -730,7 +790,7 @@ class Proxy:
 
     def _finish(self, worker: Worker, load: WorkerLoad, plan: Plan, call: _Call, *, ok: bool) -> None:
         worker.active_requests -= 1
-        self.policy.on_complete(load, plan.target, ok)
+        self.policy_for(plan).on_complete(load, plan.target, ok)
         if self.sync is not None:
             self.sync.complete(load, plan.target)
         if ok:
@@ -882,7 +942,7 @@ class _RelayResponse(StreamingResponse):
             while chunk is not None:
                 if not prefilled and source.produced:  # the first output: the prompt's prefill is done
                     prefilled = True
-                    self.proxy.policy.on_first_token(self.load, self.plan.target)
+                    self.proxy.policy_for(self.plan).on_first_token(self.load, self.plan.target)
                     if self.proxy.sync is not None:
                         self.proxy.sync.first_token(self.load, self.plan.target)
                 yield chunk

@@ -21,6 +21,7 @@ from tokenfront.renderer.routes import RENDER_PATHS
 from tokenfront.router.connections import describe_error
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
+from tokenfront.router.model_group import ModelGroup
 from tokenfront.router.proxy import Proxy
 from tokenfront.router.worker_allow import WorkerAllowList
 from tokenfront.router.workers import (
@@ -61,9 +62,11 @@ def inference_router() -> APIRouter:
 
 def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
     """The router's part of `/server_info`: its fingerprint and how it renders (if it does), policy, gate and
-    workers."""
+    workers. The top-level fingerprint, render, parsers, policy state and gate are the first model's (a
+    single-model router's only one); `models` has every model's."""
     pipeline = proxy.pipeline
     names = served_model_names(proxy)
+    groups = proxy.groups
     return {
         "router_id": proxy.pool.router_id,
         "model": names[0] if names else None,
@@ -79,15 +82,40 @@ def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
         "kv_index": kv_index.stats(),
         "replica_sync": proxy.sync.describe() if proxy.sync is not None else None,
         "kv_warmup": proxy.pool.kv_warmup.to_json() if proxy.pool.kv_warmup is not None else None,
+        "models": [model_info(proxy, group) for group in groups.groups],
+        "unplaced_workers": [
+            worker.url
+            for worker in list(proxy.pool.workers.values())
+            if worker.report is not None and groups.of_worker(worker) is None
+        ],
+    }
+
+
+def model_info(proxy: Proxy, group: ModelGroup) -> dict[str, Any]:
+    """One model of the router's on `/server_info`: its names, fingerprint digest, parsers, forwarding
+    decision (with its reasons) and worker counts."""
+    pipeline = group.pipeline
+    groups = proxy.groups
+    members = [worker for worker in list(proxy.pool.workers.values()) if groups.of_worker(worker) is group]
+    return {
+        "model": group.served_model_names[0] if group.served_model_names else None,
+        "served_model_names": list(group.served_model_names),
+        "fingerprint_digest": pipeline.fingerprint.digest if pipeline else None,
+        "reasoning_parser": pipeline.options.reasoning_parser if pipeline else None,
+        "tool_call_parser": pipeline.options.tool_call_parser if pipeline else None,
+        "forwarding": group.gate.state.forwarding,
+        "gate": group.gate.state.to_json(),
+        "workers": len(members),
+        "active_workers": sum(1 for worker in members if worker.healthy),
     }
 
 
 def served_model_names(proxy: Proxy) -> list[str]:
-    """The router's own names; a router that was given none serves whatever its active workers report."""
-    if proxy.pipeline is not None:
-        return list(proxy.pipeline.served_model_names)
-    if proxy.served_model_names:
-        return list(proxy.served_model_names)
+    """The router's own names (every model's); a router that was given none serves whatever its active
+    workers report."""
+    names = proxy.groups.served_model_names()
+    if names:
+        return names
     return sorted({w.report.model for w in proxy.pool.active() if w.report and w.report.model})
 
 
@@ -100,10 +128,12 @@ class AddWorker(BaseModel):
     kv_replay: str | None = None  # and its replay endpoint
     protocol: Literal["openai", "generate"] = "openai"  # how forwarded ids are sent (workers.PROTOCOLS)
     verify: Literal["probe"] | None = None  # "probe": checked by a render probe (router.probe)
+    model: str | None = None  # pinned to this model of the router's (router.model_placement)
 
 
 def workers_router() -> APIRouter:
-    """The admin API: GET /workers, POST /workers {"url", "kv_events"?, "kv_replay"?, "protocol"?, "verify"?},
+    """The admin API: GET /workers, POST /workers {"url", "kv_events"?, "kv_replay"?, "protocol"?, "verify"?,
+    "model"?},
     DELETE /workers?url=URL (the two writes need the admin key: `ADMIN_PATHS`)."""
     router = APIRouter(tags=["admin"])
 
@@ -123,9 +153,12 @@ def workers_router() -> APIRouter:
         except ValueError as exc:
             raise APIError(400, str(exc), param="kv_events", code="invalid_kv_endpoint") from exc
         try:
-            spec = WorkerSpec(url, kv_events, kv_replay, protocol=body.protocol, verify=body.verify)
+            spec = WorkerSpec(
+                url, kv_events, kv_replay, protocol=body.protocol, verify=body.verify, model=body.model
+            )
         except ValueError as exc:
             raise APIError(400, str(exc), param="verify") from exc
+        _check_pinned_model(raw, body.model)
         await _admit(raw, spec)
         # Where this request came in is an address the router listens on: a worker URL naming it is the router.
         server = raw.scope.get("server")
@@ -156,6 +189,21 @@ def workers_router() -> APIRouter:
         return {"removed": worker.url, **workers_view(raw)}
 
     return router
+
+
+def _check_pinned_model(raw: Request, model: str | None) -> None:
+    """A 400 when a worker is pinned to a model this router does not serve."""
+    if model is None:
+        return
+    proxy: Proxy = raw.app.state.proxy
+    names = proxy.groups.served_model_names()
+    if model not in proxy.groups.placement.key_of:
+        raise APIError(
+            400,
+            f"model={model} is not a model this router serves (it serves {', '.join(names) or 'no named model'})",
+            param="model",
+            code="model_not_found",
+        )
 
 
 async def _admit(raw: Request, spec: WorkerSpec) -> None:
@@ -203,13 +251,27 @@ def _safely(worker: Worker, describe: Callable[[], dict[str, Any]]) -> dict[str,
 def worker_view(raw: Request, url: str) -> dict[str, Any]:
     """One worker as the admin API shows it: its state, whether it renders like the router and why not.
 
-    `fingerprint_matches` is about the fingerprint alone; `render_check` says what makes the worker eligible
-    for forwarding ("fingerprint match", or "verified by probe, N cases" for a worker with no fingerprint).
+    `fingerprint_matches` is about the fingerprint alone, against its own model's; `render_check` says what
+    makes the worker eligible for forwarding ("fingerprint match", or "verified by probe, N cases" for a worker
+    with no fingerprint). A worker of no model of the router's (`model_group` None, `model_mismatch` says
+    why) gets no requests: it has no gate reasons and no predicted load.
     """
     pool: WorkerPool = raw.app.state.pool
     proxy: Proxy = raw.app.state.proxy
-    gate = proxy.gate
     worker = pool.workers[url]
+    group = proxy.groups.of_worker(worker)
+    if group is None:
+        return {
+            **worker.describe(),
+            "fingerprint_matches": None,
+            "render_check": None,
+            "probe": worker.report.probe.to_json()
+            if worker.report is not None and worker.report.probe is not None
+            else None,
+            "gate_reasons": [],
+            "predicted_load": None,
+        }
+    gate = group.gate
     report = worker.report
     reasons = list(gate.worker_reasons(report)) if worker.checked else []
     fingerprint = report.fingerprint if report is not None else None
@@ -226,7 +288,7 @@ def worker_view(raw: Request, url: str) -> dict[str, Any]:
         "probe": report.probe.to_json() if report is not None and report.probe is not None else None,
         "gate_reasons": reasons,
         # The routing policy's view of its load (`Policy.predicted_load`; also on /metrics).
-        "predicted_load": proxy.policy.predicted_load(worker.load()),
+        "predicted_load": group.policy.predicted_load(worker.load()),
     }
 
 
@@ -239,7 +301,7 @@ def _render_check(gate: ForwardingGate, report: WorkerReport | None, *, eligible
 
 
 def workers_view(raw: Request) -> dict[str, Any]:
-    """Every worker, and the gate's decision."""
+    """Every worker, and the gate's decision (the first model's; `gates` has every model's by its key)."""
     pool: WorkerPool = raw.app.state.pool
     proxy: Proxy = raw.app.state.proxy
     return {
@@ -248,6 +310,7 @@ def workers_view(raw: Request) -> dict[str, Any]:
             for url, worker in list(pool.workers.items())
         ],
         "gate": proxy.gate.state.to_json(),
+        "gates": {group.key: group.gate.state.to_json() for group in proxy.groups.groups},
     }
 
 

@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from tokenfront.router.policies.base import Policy, RouteRequest, Routing
 
 if TYPE_CHECKING:
-    from tokenfront.router.workers import WorkerPool
+    from tokenfront.router.workers import Worker, WorkerPool
 
 __all__ = ["RoutingMetrics", "answer_usage"]
 
@@ -39,7 +39,15 @@ _SHARE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 class RoutingMetrics:
     """The routing metrics (module docstring), in the app's registry; the load gauge shows ``pool``'s workers."""
 
-    def __init__(self, registry: CollectorRegistry, policy: Policy, pool: WorkerPool) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        policy: Policy,
+        pool: WorkerPool,
+        policy_of: Callable[[Worker], Policy | None] | None = None,
+    ) -> None:
+        """`policy_of`: the policy that routes to a worker, on a router of several models (each model has its
+        own); None: `policy` routes to every worker."""
         self.decision_seconds = Histogram(
             "tokenfront_router_decision_seconds",
             "Time of one routing decision: the policy's choice and its on_routed bookkeeping",
@@ -67,7 +75,7 @@ class RoutingMetrics:
             "Prompt tokens of the answers counted in the predicted and achieved cached tokens",
             registry=registry,
         )
-        registry.register(_PredictedLoad(policy, pool))
+        registry.register(_PredictedLoad(policy_of or (lambda _: policy), pool))
 
     def decided(self, routing: Routing, request: RouteRequest, seconds: float) -> None:
         """Count one decision that took ``seconds``."""
@@ -106,8 +114,8 @@ class _PredictedLoad(Collector):
     """``tokenfront_router_worker_predicted_load``, read from the policy when scraped (never stale, and a
     worker that left is gone)."""
 
-    def __init__(self, policy: Policy, pool: WorkerPool) -> None:
-        self._policy = policy
+    def __init__(self, policy_of: Callable[[Worker], Policy | None], pool: WorkerPool) -> None:
+        self._policy_of = policy_of
         self._pool = pool
 
     def collect(self) -> Iterator[Metric]:
@@ -117,7 +125,10 @@ class _PredictedLoad(Collector):
             labels=["worker", "quantity"],
         )
         for worker in list(self._pool.workers.values()):
+            policy = self._policy_of(worker)
+            if policy is None:
+                continue  # a worker of no model of the router's: no policy routes to it
             load = worker.load()
-            for quantity, value in self._policy.predicted_load(load).items():
+            for quantity, value in policy.predicted_load(load).items():
                 family.add_metric([load.url, quantity], value)
         yield family

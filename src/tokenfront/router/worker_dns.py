@@ -39,7 +39,7 @@ __all__ = ["RESOLVE_TIMEOUT", "DnsServer", "DnsWorkers", "WorkerDns", "make_reso
 
 # Seconds one resolution (A and AAAA together, every server and search-list name tried) may take.
 RESOLVE_TIMEOUT = 5.0
-_SYNTAX = "NAME:PORT[,protocol=openai|generate][,verify=probe]"
+_SYNTAX = "NAME:PORT[,protocol=openai|generate][,verify=probe][,model=NAME]"
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,12 @@ class DnsWorkers:
     port: int
     protocol: str = "openai"
     verify: str | None = None
+    model: str | None = None  # the router's model its workers are pinned to (None: their names place them)
 
     @classmethod
     def parse(cls, text: str) -> DnsWorkers:
-        """Read `NAME:PORT[,protocol=openai|generate][,verify=probe]`; ValueError says what is wrong, in one
-        line."""
+        """Read `NAME:PORT[,protocol=openai|generate][,verify=probe][,model=NAME]`; ValueError says what is
+        wrong, in one line."""
         target, *options = text.split(",")
         host, colon, port = target.strip().rpartition(":")
         if not colon or not host:
@@ -84,6 +85,7 @@ class DnsWorkers:
             address.port,
             protocol=found.get("protocol", "openai"),
             verify=found.get("verify"),
+            model=found.get("model"),
         )
         try:
             workers.spec("127.0.0.1")  # the options' own rules (verify=probe needs protocol=generate)
@@ -95,7 +97,10 @@ class DnsWorkers:
         """The worker at one of the name's addresses."""
         host = f"[{address}]" if ":" in address else address
         return WorkerSpec(
-            normalize_url(f"http://{host}:{self.port}"), protocol=self.protocol, verify=self.verify
+            normalize_url(f"http://{host}:{self.port}"),
+            protocol=self.protocol,
+            verify=self.verify,
+            model=self.model,
         )
 
 
@@ -114,6 +119,8 @@ def _option_problem(key: str, value: str, found: dict[str, str]) -> str | None:
         return None if value in PROTOCOLS else f"protocol must be {' or '.join(PROTOCOLS)}, not {value!r}"
     if key == "verify":
         return None if value in VERIFY_MODES else f"verify must be {' or '.join(VERIFY_MODES)}, not {value!r}"
+    if key == "model":
+        return None if value else "model needs a value (one of the router's served model names)"
     if key in ("kv-events", "kv-replay"):
         return f"{key} names one worker's ZMQ endpoint, and a DNS name has many workers"
     return f"unknown option {key!r}"

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import ssl
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,6 +37,7 @@ from tokenfront.router.connections import WorkerConnections, describe_error
 from tokenfront.router.generate import GENERATE_PATH
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.kv_warmup import KvWarmup
+from tokenfront.router.model_placement import ModelPlacement
 from tokenfront.router.policies.base import WorkerLoad
 from tokenfront.router.probe import NO_PROBER, Prober, ProbeResult, ProbeUnreachable
 from tokenfront.server.tasks import cancel_and_wait
@@ -66,19 +67,22 @@ PROTOCOLS = ("openai", "generate")
 VERIFY_MODES = ("probe",)
 _SPEC_SYNTAX = (
     "URL[,kv-events=tcp://HOST:PORT[,kv-replay=tcp://HOST:PORT]][,protocol=openai|generate][,verify=probe]"
+    "[,model=NAME]"
 )
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
     """A worker as configured: its base URL, optionally a vLLM worker's ZMQ KV-event endpoints, the protocol
-    its ids go by, and whether it is verified by a render probe (`router.probe`)."""
+    its ids go by, whether it is verified by a render probe (`router.probe`), and the model it is pinned to
+    (`model`, one of the router's served names; None: the names it reports place it, `router.model_placement`)."""
 
     url: str
     kv_events: str | None = None
     kv_replay: str | None = None
     protocol: str = "openai"
     verify: str | None = None
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.verify == "probe" and self.protocol != "generate":
@@ -91,7 +95,8 @@ class WorkerSpec:
 
     @classmethod
     def parse(cls, text: str) -> WorkerSpec:
-        """Read `URL[,kv-events=E[,kv-replay=E]][,protocol=openai|generate][,verify=probe]` (`--worker`).
+        """Read `URL[,kv-events=E[,kv-replay=E]][,protocol=openai|generate][,verify=probe][,model=NAME]`
+        (`--worker`).
 
         ValueError says what is wrong, in one line.
         """
@@ -116,6 +121,7 @@ class WorkerSpec:
                 found.get("kv-replay"),
                 protocol=found.get("protocol", "openai"),
                 verify=found.get("verify"),
+                model=found.get("model"),
             )
         except ValueError as exc:
             raise ValueError(f"{quoted(text)}: {exc}") from None
@@ -135,6 +141,8 @@ def _option_problem(key: str, value: str) -> str | None:
         return None if value in PROTOCOLS else f"protocol must be {' or '.join(PROTOCOLS)}, not {value!r}"
     if key == "verify":
         return None if value in VERIFY_MODES else f"verify must be {' or '.join(VERIFY_MODES)}, not {value!r}"
+    if key == "model":
+        return None if value else "model needs a value (one of the router's served model names)"
     return f"unknown option {key!r}"
 
 
@@ -247,8 +255,12 @@ class Worker:
     # Why it answers yet cannot be used (ROUTER_ITSELF, ROUTER_LOOP, WORKER_API_KEY): it is the router
     # itself, a router routing back here, or it refuses the router's key. None otherwise.
     unusable: str | None = None
-    # Which of the router's model names it does not serve (`WorkerPool.serving` keeps requests naming those
-    # away from it); None when it serves them all or says no names.
+    # The model it is pinned to (its spec's `model=NAME`); None: the names it reports place it.
+    pinned_model: str | None = None
+    # The key of the router's model it belongs to (`router.model_placement`; None: none, it gets no requests).
+    model_group: str | None = None
+    # Which of its model's names it does not serve (`WorkerPool.serving` keeps requests naming those away from
+    # it), or why it belongs to no model of the router's; None when it serves them all or says no names.
     model_mismatch: str | None = None
     active_requests: int = 0
     # Requests other router replicas have in flight on it (`router.replica_sync`): the policy sees the sum.
@@ -309,6 +321,8 @@ class Worker:
             "router_id": report.router_id if report else None,
             "model": report.model if report else None,
             "served_model_names": list(report.served_model_names or ()) if report else None,
+            "model_group": self.model_group,
+            "pinned_model": self.pinned_model,
             "model_mismatch": self.model_mismatch,
             "tokens_per_block": report.tokens_per_block if report else None,
             "reasoning_parser": report.reasoning_parser if report else None,
@@ -402,21 +416,25 @@ class WorkerPool:
         *,
         on_change: Callable[[], None] = lambda: None,
         prober: Prober | None = None,
+        probers: Mapping[str, Prober] | None = None,
         router_id: str | None = None,
-        model_names: Callable[[], Sequence[str]] = tuple,
+        placement: ModelPlacement | None = None,
     ) -> None:
         """`prober` probes the `verify=probe` workers; None when the router cannot render (no pipeline).
+        `probers`, by model key, instead: each worker is probed by its own model's (a router of several models).
 
         `router_id` is the router's instance id (sent as `VIA_HEADER`, and looked for in a worker's
-        `/server_info`); `model_names` gives the names the router serves (none: it serves what its workers do).
+        `/server_info`); `placement` holds the router's models and places each worker in one
+        (`router.model_placement`; None: one model without names, it serves what its workers do).
         """
         self.kv_index = kv_index
         self.settings = settings
         self._tls_context: ssl.SSLContext | None = None
         self.on_change = on_change
         self.prober = prober
+        self.probers = dict(probers or {})
         self.router_id = router_id
-        self.model_names = model_names
+        self.placement = placement or ModelPlacement([()])
         self.workers: dict[str, Worker] = {}
         # Addresses the router listens on (host, port): a worker URL naming one is the router itself.
         self._own: set[tuple[str, int]] = set()
@@ -432,15 +450,20 @@ class WorkerPool:
         """The workers requests may go to: checked and healthy."""
         return [worker for worker in self.workers.values() if worker.healthy]
 
-    def serving(self, model: str | None) -> list[Worker]:
+    def serving(self, model: str | None, group: str | None = None) -> list[Worker]:
         """The active workers a request naming `model` may go to: those that answer to that name, or say no
         names (a worker serving another name would answer 404). `model` None (the client named none): every
-        active worker, each answers with its own model. The proxy chooses among these.
+        active worker, each answers with its own model. `group`: only the workers of that model of the
+        router's (`Worker.model_group`; None: any). The proxy chooses among these.
         """
-        active = self.active()
+        active = self.members(group) if group is not None else self.active()
         if model is None:
             return active
         return [worker for worker in active if worker.serves(model)]
+
+    def members(self, group: str) -> list[Worker]:
+        """The active workers of the router's model `group` (its key): the ones its forwarding gate looks at."""
+        return [worker for worker in self.workers.values() if worker.healthy and worker.model_group == group]
 
     def find(self, url: str) -> Worker | None:
         """The worker at `url` however it is spelled (loopback names, default port, case, trailing slash)."""
@@ -497,12 +520,14 @@ class WorkerPool:
             protocol=spec.protocol,
             verify=spec.verify,
             source=source,
+            pinned_model=spec.model,
         )
         self.workers[spec.url] = worker
         notes = [f"from {source}"] if source not in (FLAG_SOURCE, ADMIN_SOURCE) else []
         notes += [f"vLLM KV events on {spec.kv_events}"] if spec.kv_events else []
         notes += [f"protocol {spec.protocol}"] if spec.protocol != "openai" else []
         notes += ["verified by a render probe"] if spec.verify == "probe" else []
+        notes += [f"pinned to model {spec.model}"] if spec.model is not None else []
         log.info("worker %s added%s", spec.url, f" ({', '.join(notes)})" if notes else "")
         try:
             self._start_subscriber(worker)
@@ -632,7 +657,8 @@ class WorkerPool:
         if report.served_model_names is None and listed is not None:
             report = dataclasses.replace(report, served_model_names=listed)
         if worker.verify == "probe":
-            report = dataclasses.replace(report, probe=await self._probe(worker))
+            placement = self.placement.place(worker.pinned_model, report.served_model_names)
+            report = dataclasses.replace(report, probe=await self._probe(worker, placement.model))
         if self.workers.get(worker.url) is not worker:
             return  # removed while we were asking
         changed = report != worker.report or not worker.healthy
@@ -731,22 +757,24 @@ class WorkerPool:
                     "requests would go round in a loop",
                     ROUTER_LOOP,
                 )
-        own = tuple(self.model_names())
-        names = report.served_model_names
-        missing = [name for name in own if names is not None and name not in names]
-        note = None
-        if missing and names is not None:
-            note = (
-                f"model names differ: it serves {', '.join(names)}, not {', '.join(missing)} (it would answer "
-                f"404 to those: give the worker --served-model-name {missing[0]}, or the router the worker's "
-                "names)"
-            )
+        placement = self.placement.place(worker.pinned_model, report.served_model_names)
+        note = placement.note
         if note != worker.model_mismatch:
-            if note is not None:
+            if note is not None and placement.model is not None:
                 log.warning(
                     "worker %s: %s; requests naming those models are not sent to it", worker.url, note
                 )
+            elif note is not None:
+                log.warning("worker %s: %s", worker.url, note)
             worker.model_mismatch = note
+        if placement.model != worker.model_group and worker.model_group is not None and placement.model:
+            log.info(
+                "worker %s now serves model %s (it served %s)",
+                worker.url,
+                placement.model,
+                worker.model_group,
+            )
+        worker.model_group = placement.model
         return None, None
 
     async def _read_report(self, worker: Worker) -> WorkerReport:
@@ -765,12 +793,14 @@ class WorkerPool:
             return WorkerReport(None, missing="/server_info is not JSON")
         return WorkerReport.from_server_info(body)
 
-    async def _probe(self, worker: Worker) -> ProbeResult:
-        """The worker's render probe; a `/tokenize` that cannot be reached keeps a passing last result."""
-        if self.prober is None:
+    async def _probe(self, worker: Worker, group: str | None) -> ProbeResult:
+        """The worker's render probe, by its model's `group` prober; a `/tokenize` that cannot be reached keeps
+        a passing last result."""
+        prober = self.probers.get(group, self.prober) if group is not None else self.prober
+        if prober is None:
             return ProbeResult(0, difference=NO_PROBER)
         try:
-            return await self.prober.run(worker.client, self.settings.health_timeout)
+            return await prober.run(worker.client, self.settings.health_timeout)
         except ProbeUnreachable as exc:
             last = worker.report.probe if worker.report is not None else None
             if last is not None and last.difference is None:

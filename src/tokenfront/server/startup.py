@@ -256,6 +256,12 @@ def check_render_options(args: argparse.Namespace) -> None:
     """The start-up mistakes that can be found without loading anything, each a TokenfrontError in one line:
     a local --model / --tokenizer folder that does not exist, a --chat-template file that does not exist, an
     unknown parser, an empty --served-model-name, an --api-key that cannot work."""
+    check_rendering(args)
+    check_api_key(args.api_key, "--api-key", "TOKENFRONT_API_KEY")
+
+
+def check_rendering(args: argparse.Namespace) -> None:
+    """`check_render_options` but the --api-key: the rendering flags alone (also a router --config model's)."""
     from tokenfront.core.checkpoint import load_chat_templates, resolve_folder
     from tokenfront.core.reasoning import get_reasoning_parser
     from tokenfront.core.tool_calls import get_tool_call_parser
@@ -279,4 +285,3 @@ def check_render_options(args: argparse.Namespace) -> None:
     for name in args.served_model_name or ():
         if not name.strip():
             raise TokenfrontError("--served-model-name: a model name must not be empty")
-    check_api_key(args.api_key, "--api-key", "TOKENFRONT_API_KEY")
