@@ -211,4 +211,10 @@ def test_the_service_monitors_scrape_every_service_with_its_pods_key() -> None:
                 assert _api_key_secret(workload) == (secret["name"], secret["key"]), workload["metadata"][
                     "name"
                 ]
-    assert sorted(scraped) == sorted(svc["metadata"]["name"] for svc in services)  # each Service once
+    # Each Service that serves HTTP once; the routers' headless peers Service (replica sync over ZMQ only) none.
+    http = [
+        svc["metadata"]["name"] for svc in services if "http" in {p["name"] for p in svc["spec"]["ports"]}
+    ]
+    assert sorted(scraped) == sorted(http)
+    assert "tokenfront-router-peers" in {svc["metadata"]["name"] for svc in services}
+    assert "tokenfront-router-peers" not in scraped

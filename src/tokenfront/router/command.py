@@ -22,9 +22,9 @@ from tokenfront.arguments import (
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.options import add_render_arguments, options_from_args
 from tokenfront.server.startup import (
-    check_rendering,
     add_server_arguments,
     check_render_options,
+    check_rendering,
     finishing_background_work,
     request_limits,
     serve_app,
