@@ -130,12 +130,12 @@ def create_app(
     request_limits: RequestLimits = DEFAULT_LIMITS,
 ) -> TokenfrontApp:
     """A FastAPI app with the routes every tokenfront server has (docs/contract.md §6): `/health`, `/server_info`,
-        `/v1/models`, `/metrics`, OpenAPI at `/openapi.json`, `/docs` and `/redoc` (their files served by the app);
-        OpenAI-shaped errors; Bearer auth on everything but `/health` and the inspector's static files; a body size
-        limit (413). `metrics` lets a server register its own metrics in the app's registry before the app exists;
-        `admin` gives its admin paths and their key (`server.admin_auth`); `show_paths` keeps the checkpoint's
-        paths in `/server_info` (`--show-paths`; else `without_paths`); `tracing` its spans (`server.tracing`: a
-        server span per request, and the direct lane off); `request_limits` what one request may ask for (the
+    `/v1/models`, `/metrics`, OpenAPI at `/openapi.json`, `/docs` and `/redoc` (their files served by the app);
+    OpenAI-shaped errors; Bearer auth on everything but `/health` and the inspector's static files; a body size
+    limit (413). `metrics` lets a server register its own metrics in the app's registry before the app exists;
+    `admin` gives its admin paths and their key (`server.admin_auth`); `show_paths` keeps the checkpoint's
+    paths in `/server_info` (`--show-paths`; else `without_paths`); `tracing` its spans (`server.tracing`: a
+    server span per request, and the direct lane off); `request_limits` what one request may ask for (the
     bodies are validated with it: `protocol.limits`)."""
     app = TokenfrontApp(
         title=title,
