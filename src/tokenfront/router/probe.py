@@ -23,7 +23,6 @@ from typing import Any
 
 import httpx
 
-from tokenfront.core.context_length import max_model_len
 from tokenfront.core.errors import RenderError
 from tokenfront.core.render import RenderPipeline
 from tokenfront.probe_corpus import PROBE_CASES, ProbeCase, first_difference, refusal_message, token_ids
@@ -71,7 +70,6 @@ class Prober:
     def __init__(self, pipeline: RenderPipeline, cases: tuple[ProbeCase, ...] = PROBE_CASES) -> None:
         self.pipeline = pipeline
         self.cases = cases
-        self._context_length: int | None = None
         self._expected: ExpectedIds | None = None
 
     def expected(self) -> ExpectedIds:
@@ -82,14 +80,12 @@ class Prober:
         return self._expected
 
     def _render(self, day: tuple[datetime.date, datetime.date]) -> ExpectedIds:
-        if self._context_length is None:
-            self._context_length = max_model_len(self.pipeline.checkpoint.config)
         ids: dict[str, list[int]] = {}
         skipped: list[str] = []
         for case in self.cases:
             request = TokenizeRequest.model_validate(dict(case.body))
             try:
-                answer = tokenize_response(self.pipeline, request, self._context_length)
+                answer = tokenize_response(self.pipeline, request, self.pipeline.max_model_len)
             except (RenderError, APIError) as exc:
                 if exc.status_code >= 500:
                     raise
