@@ -3,12 +3,12 @@ convert to the chat request vLLM builds from it (core/requests/anthropic.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tokenfront.protocol.base import StrictModel
-from tokenfront.protocol.limits import check_message_count, check_tool_count, limits_of
+from tokenfront.protocol.limits import BOUNDED_MESSAGES, BOUNDED_TOOLS
 
 
 class AnthropicToolReference(StrictModel):
@@ -123,10 +123,10 @@ class AnthropicMessagesRequest(StrictModel):
     """An Anthropic Messages body (`POST /v1/messages/render`), validated as vLLM validates it."""
 
     model: str = Field(min_length=1)
-    messages: list[AnthropicMessage]
+    messages: Annotated[list[AnthropicMessage], BOUNDED_MESSAGES]
     max_tokens: int = Field(gt=0)
     system: str | list[AnthropicContentBlock] | None = None
-    tools: list[AnthropicTool] | None = None
+    tools: Annotated[list[AnthropicTool] | None, BOUNDED_TOOLS] = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: AnthropicThinkingEnabled | AnthropicThinkingDisabled | AnthropicThinkingAdaptive | None = Field(
         default=None, discriminator="type"
@@ -147,16 +147,6 @@ class AnthropicMessagesRequest(StrictModel):
     @classmethod
     def _int_is_a_float(cls, value: Any) -> Any:
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _not_too_many(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_message_count(value, limits_of(info))
-
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _not_too_many_tools(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_tool_count(value, limits_of(info))
 
     @field_validator("system")
     @classmethod

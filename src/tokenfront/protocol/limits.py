@@ -11,9 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationInfo
+from pydantic import BeforeValidator, ValidationInfo
 
 __all__ = [
+    "BOUNDED_INPUT_ITEMS",
+    "BOUNDED_MESSAGES",
+    "BOUNDED_STOP",
+    "BOUNDED_TOOLS",
     "DEFAULT_LIMITS",
     "MAX_MESSAGES",
     "MAX_SEQUENCES_PER_REQUEST",
@@ -107,3 +111,27 @@ def check_stop_strings(value: Any, limits: RequestLimits) -> Any:
             f"{limits.max_stop_characters:,} are accepted: send fewer or shorter ones"
         )
     return value
+
+
+# The checks as field annotations (`Annotated[list[Tool] | None, BOUNDED_TOOLS]`): before-validators that read
+# the limits the body is validated with, so every request model bounds its lists the one same way.
+def _messages(value: Any, info: ValidationInfo) -> Any:
+    return check_message_count(value, limits_of(info))
+
+
+def _input_items(value: Any, info: ValidationInfo) -> Any:
+    return check_message_count(value, limits_of(info), "input items")
+
+
+def _tools(value: Any, info: ValidationInfo) -> Any:
+    return check_tool_count(value, limits_of(info))
+
+
+def _stop(value: Any, info: ValidationInfo) -> Any:
+    return check_stop_strings(value, limits_of(info))
+
+
+BOUNDED_MESSAGES = BeforeValidator(_messages)
+BOUNDED_INPUT_ITEMS = BeforeValidator(_input_items)
+BOUNDED_TOOLS = BeforeValidator(_tools)
+BOUNDED_STOP = BeforeValidator(_stop)

@@ -10,13 +10,13 @@ mistral-common) answers the same 400. What vLLM's models fill in is filled in he
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_serializer, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from tokenfront.core.errors import RenderError
 from tokenfront.protocol.base import StrictModel
-from tokenfront.protocol.limits import check_message_count, check_stop_strings, check_tool_count, limits_of
+from tokenfront.protocol.limits import BOUNDED_MESSAGES, BOUNDED_STOP, BOUNDED_TOOLS
 
 # vLLM's request models take a seed in the 64-bit signed range; the engine seeds choice i with seed + i.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -139,7 +139,7 @@ class _GenerationFields(StrictModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, BOUNDED_STOP] = None
     stop_token_ids: list[int] | None = None
     # vLLM's: generate past the model's EOS ids (only max_tokens and stop_token_ids end the sequence).
     ignore_eos: bool | None = None
@@ -158,11 +158,6 @@ class _GenerationFields(StrictModel):
     def _seed_in_range(cls, value: Any) -> Any:
         return check_seed(value)
 
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop_strings_bounded(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_stop_strings(value, limits_of(info))
-
     @field_validator("truncate_prompt_tokens")
     @classmethod
     def _positive_or_minus_one(cls, value: int | None) -> int | None:
@@ -172,8 +167,8 @@ class _GenerationFields(StrictModel):
 
 
 class ChatCompletionRequest(_GenerationFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[Tool] | None = None
+    messages: Annotated[list[ChatMessage], BOUNDED_MESSAGES] = Field(min_length=1)
+    tools: Annotated[list[Tool] | None, BOUNDED_TOOLS] = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     documents: list[dict[str, Any]] | None = None
     chat_template: str | None = None
@@ -186,16 +181,6 @@ class ChatCompletionRequest(_GenerationFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _not_too_many(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_message_count(value, limits_of(info))
-
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _not_too_many_tools(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_tool_count(value, limits_of(info))
 
     @property
     def named_tool(self) -> str | None:

@@ -3,12 +3,12 @@ convert to the chat request vLLM builds from it (core/requests/responses.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator
 
 from tokenfront.protocol.base import StrictModel
-from tokenfront.protocol.limits import check_message_count, check_tool_count, limits_of
+from tokenfront.protocol.limits import BOUNDED_INPUT_ITEMS, BOUNDED_TOOLS
 from tokenfront.protocol.openai import ReasoningEffort
 
 
@@ -24,10 +24,10 @@ class ResponsesRequest(StrictModel):
     so that an error names the item (`input[3].call_id`).
     """
 
-    input: str | list[dict[str, Any]]
+    input: Annotated[str | list[dict[str, Any]], BOUNDED_INPUT_ITEMS]
     instructions: str | None = None
     model: str | None = None
-    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tools: Annotated[list[dict[str, Any]], BOUNDED_TOOLS] = Field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"
     reasoning: ResponsesReasoning | None = None
     previous_response_id: str | None = None
@@ -46,13 +46,3 @@ class ResponsesRequest(StrictModel):
     @classmethod
     def _int_is_a_float(cls, value: Any) -> Any:
         return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _not_too_many(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_message_count(value, limits_of(info), "input items")
-
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _not_too_many_tools(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_tool_count(value, limits_of(info))

@@ -15,26 +15,24 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     NonNegativeInt,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from tokenfront.protocol.base import StrictModel
 from tokenfront.protocol.limits import (
+    BOUNDED_MESSAGES,
+    BOUNDED_STOP,
+    BOUNDED_TOOLS,
     DEFAULT_LIMITS,
     RequestLimits,
-    check_message_count,
-    check_stop_strings,
-    check_tool_count,
-    limits_of,
     validation_context,
 )
 from tokenfront.protocol.openai import (
@@ -57,7 +55,7 @@ class TokenizeRequest(StrictModel):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    messages: Annotated[list[ChatMessage] | None, BOUNDED_MESSAGES] = Field(default=None, min_length=1)
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = False
     # chat only
@@ -65,17 +63,7 @@ class TokenizeRequest(StrictModel):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[Tool] | None = None
-
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _not_too_many(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_message_count(value, limits_of(info))
-
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _not_too_many_tools(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_tool_count(value, limits_of(info))
+    tools: Annotated[list[Tool] | None, BOUNDED_TOOLS] = None
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> TokenizeRequest:
@@ -175,7 +163,7 @@ class GenerateSamplingParams(BaseModel):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = 0
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Annotated[str | list[str] | None, BOUNDED_STOP] = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
@@ -187,11 +175,6 @@ class GenerateSamplingParams(BaseModel):
     @classmethod
     def _seed_in_range(cls, value: Any) -> Any:
         return check_seed(value)
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop_strings_bounded(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_stop_strings(value, limits_of(info))
 
     @field_validator("top_p")
     @classmethod
@@ -224,17 +207,12 @@ class ParseContext(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    tools: list[Tool] | None = None
+    tools: Annotated[list[Tool] | None, BOUNDED_TOOLS] = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = "none"
     parallel_tool_calls: bool | None = True
     include_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     history_tool_call_cnt: int = Field(default=0, ge=0)
-
-    @field_validator("tools", mode="before")
-    @classmethod
-    def _not_too_many_tools(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_tool_count(value, limits_of(info))
 
 
 class GenerateRequest(BaseModel):
