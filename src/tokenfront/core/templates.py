@@ -27,6 +27,7 @@ from markupsafe import Markup
 
 from tokenfront.core import template_limits as limits
 from tokenfront.core.errors import TemplateRenderError
+from tokenfront.core.native_templates import DECLINE, native_template
 
 ContentFormat = Literal["string", "openai"]
 
@@ -467,6 +468,8 @@ class ChatTemplate:
         # A template that never names the "developer" role (quoted, as vLLM checks: a `developer_preamble`
         # variable does not count) cannot tell developer messages from system ones.
         self.knows_developer_role = '"developer"' in source or "'developer'" in source
+        # The same template written in Python, when this is a widely served one (`core.native_templates`).
+        self.native = native_template(source)
 
     def render(
         self,
@@ -485,6 +488,23 @@ class ChatTemplate:
         chat = [_alias_reasoning(_drop_none(message)) for message in messages]
         if continue_final_message:
             final_text = self._tag_final_message(chat)
+        text = self._render(chat, tools, documents, add_generation_prompt, variables)
+        if continue_final_message:
+            text = self._cut_after_final_message(text, final_text)
+        return text
+
+    def _render(
+        self,
+        chat: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        documents: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        variables: dict[str, Any],
+    ) -> str:
+        if self.native is not None:
+            text = self.native(chat, tools, add_generation_prompt, variables)
+            if text is not DECLINE:
+                return text
         budget = limits.start_budget(limits.RenderBudget((chat, tools, documents, variables)))
         try:
             text = self._compiled.render(
@@ -513,8 +533,6 @@ class ChatTemplate:
             ) from exc
         finally:
             limits.end_budget(budget)
-        if continue_final_message:
-            text = self._cut_after_final_message(text, final_text)
         return text
 
     def _tag_final_message(self, chat: list[dict[str, Any]]) -> str:
