@@ -82,8 +82,11 @@ class FunctionDefinition(StrictModel):
 
     @model_serializer(mode="plain")
     def _as_vllm_dumps_it(self) -> dict[str, Any]:
-        # vLLM's FunctionDefinition dump, which is what templates see: name, description and parameters always
-        # (null when absent), strict and defer_loading only when set, unknown keys dropped, in this order.
+        return self.vllm_dump()
+
+    def vllm_dump(self) -> dict[str, Any]:
+        """vLLM's FunctionDefinition dump, which is what templates see: name, description and parameters always
+        (null when absent), strict and defer_loading only when set, unknown keys dropped, in this order."""
         out: dict[str, Any] = {
             "name": self.name,
             "description": self.description,
@@ -105,7 +108,12 @@ class Tool(StrictModel):
 
     @model_serializer(mode="plain")
     def _as_vllm_dumps_it(self) -> dict[str, Any]:
-        function = self.function.model_dump()
+        return self.vllm_dump()
+
+    def vllm_dump(self) -> dict[str, Any]:
+        """vLLM's dump of the tool (what `model_dump` gives, without pydantic's copy of the values): the
+        function's, `defer_loading` passed down to it as vLLM does."""
+        function = self.function.vllm_dump()
         if self.defer_loading is not None and self.function.defer_loading is None:
             function["defer_loading"] = self.defer_loading  # vLLM's _propagate_defer_loading
         out: dict[str, Any] = {"type": self.type, "function": function}
@@ -189,7 +197,7 @@ class ChatCompletionRequest(_GenerationFields):
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
         """The tools as the template sees them (vLLM's dump of each), or None without tools."""
-        return None if self.tools is None else [tool.model_dump() for tool in self.tools]
+        return None if self.tools is None else [tool.vllm_dump() for tool in self.tools]
 
     @model_validator(mode="after")
     def _vllm_request_rules(self) -> ChatCompletionRequest:

@@ -55,7 +55,7 @@ class ServerMetrics:
         for collector in render_thread_collectors():
             self.registry.register(collector)
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
-        self._direct: dict[str, Counter] = {}
+        self._direct: dict[str, tuple[Counter, Histogram, Counter]] = {}
         self._rendered: dict[str, tuple[Counter, Counter]] = {}
 
     def observe(self, route: str, status: int, seconds: float) -> None:
@@ -69,11 +69,17 @@ class ServerMetrics:
 
     def observe_direct(self, route: str, seconds: float) -> None:
         """Count one request answered 200 on the direct lane (`server.direct`)."""
-        self.observe(route, 200, seconds)
-        child = self._direct.get(route)
-        if child is None:
-            child = self._direct[route] = self.direct_answers.labels(route)
-        child.inc()
+        children = self._direct.get(route)
+        if children is None:  # its three children, looked up once
+            children = (
+                self.requests.labels(route, "200"),
+                self.latency.labels(route),
+                self.direct_answers.labels(route),
+            )
+            self._direct[route] = children
+        children[0].inc()
+        children[1].observe(seconds)
+        children[2].inc()
 
     def count_rendered(self, kind: str, prompts: int, tokens: int) -> None:
         """Count rendered prompts and their tokens."""

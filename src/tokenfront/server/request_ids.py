@@ -8,7 +8,7 @@ worker it chose, and the answer returns it in `X-Request-Id` (`server.middleware
 
 from __future__ import annotations
 
-import os
+import random
 import re
 from contextvars import ContextVar, Token
 
@@ -35,7 +35,9 @@ _current: ContextVar[str | None] = ContextVar("tokenfront_request_id", default=N
 
 
 def _hex32() -> str:
-    return os.urandom(16).hex()
+    # Ids name requests, they guard nothing: the random module's generator (seeded from the OS at start and again
+    # in each pre-forked child) instead of a getrandom system call per id, two of which every render answer made.
+    return f"{random.getrandbits(128):032x}"
 
 
 def chat_request_id() -> str:
