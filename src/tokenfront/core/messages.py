@@ -40,6 +40,9 @@ __all__ = [
 
 CLAUDE_CODE_BILLING_HEADER = "x-anthropic-billing-header"
 
+# Roles whose message of a role and a string content needs nothing but its one text part (a system text may
+# carry a billing header line; developer messages may be merged).
+_PLAIN_ROLES = frozenset({"user", "assistant", "tool"})
 # Content part types that carry text, and the field the text is in.
 _TEXT_PARTS = {"text": "text", "refusal": "refusal", "thinking": "thinking"}
 # Parts vLLM's chat request takes with a null text (`"text": null`, present), and skips.
@@ -97,6 +100,12 @@ def _normalize_message(
     message: dict[str, Any], *, index: int, content_format: ContentFormat
 ) -> dict[str, Any]:
     role = message["role"]
+    content = message.get("content")
+    if type(content) is str and len(message) == 2 and role in _PLAIN_ROLES:
+        # Most messages: a role and a string, one text part (what the general path below makes of them).
+        if content_format == "string" or role == "tool":
+            return {"role": role, "content": content}
+        return {"role": role, "content": [{"type": "text", "text": content}]}
     parts = _content_parts(message.get("content"), param=f"messages[{index}].content")
     if role == "system":
         parts = _without_billing_header(parts)

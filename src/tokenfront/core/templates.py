@@ -485,8 +485,9 @@ class ChatTemplate:
 
         `variables` holds the special tokens (bos_token, ...) overridden by the chat_template_kwargs.
         """
-        chat = [_alias_reasoning(_drop_none(message)) for message in messages]
+        chat = [_as_template_sees(message) for message in messages]
         if continue_final_message:
+            chat[-1] = dict(chat[-1])  # tagged below: the caller's message stays as it was
             final_text = self._tag_final_message(chat)
         text = self._render(chat, tools, documents, add_generation_prompt, variables)
         if continue_final_message:
@@ -575,6 +576,13 @@ class ChatTemplate:
             return text[:at]
         # The template trimmed the message's trailing space together with the tag's.
         return text[:at].rstrip()
+
+
+def _as_template_sees(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as templates receive it: None-valued keys dropped, reasoning under each of its names."""
+    if len(message) == 2 and message.get("content") is not None and message.get("role") is not None:
+        return message  # most messages: a role and a content, nothing to drop or alias
+    return _alias_reasoning(_drop_none(message))
 
 
 def _drop_none(message: dict[str, Any]) -> dict[str, Any]:
