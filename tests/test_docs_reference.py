@@ -22,9 +22,10 @@ import pytest
 from tokenfront.core.fingerprint import Fingerprint, build_fingerprint
 from tokenfront.core.render import RenderPipeline
 from tokenfront.options import RenderOptions
-from tokenfront.router import workers as router_workers
 from tokenfront.router.gate import ForwardingGate, router_reasons
 from tokenfront.router.probe import NO_PROBER
+from tokenfront.router.worker import NO_GENERATE_ROUTE, ROUTER_ITSELF, ROUTER_LOOP, WORKER_API_KEY
+from tokenfront.router.worker_report import WorkerReport
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "tokenfront"
@@ -215,8 +216,8 @@ def test_incomplete_reasons_and_gate_reasons_are_documented(qwen3_pipeline: Rend
         *router_reasons(fingerprint, has_model_path=False),
         *gate.worker_reasons(None),
         NO_PROBER,
-        "no fingerprint (" + str(router_workers.WorkerReport.from_server_info({}).missing) + ")",
-        "no fingerprint (" + str(router_workers.WorkerReport.from_server_info([]).missing) + ")",
+        "no fingerprint (" + str(WorkerReport.from_server_info({}).missing) + ")",
+        "no fingerprint (" + str(WorkerReport.from_server_info([]).missing) + ")",
     ]
     assert len(printed) == 7
     assert [reason for reason in printed if f"`{reason}`" not in text] == []
@@ -224,10 +225,10 @@ def test_incomplete_reasons_and_gate_reasons_are_documented(qwen3_pipeline: Rend
 
 def test_unusable_states_are_documented() -> None:
     states = [
-        router_workers.ROUTER_ITSELF,
-        router_workers.ROUTER_LOOP,
-        router_workers.WORKER_API_KEY,
-        router_workers.NO_GENERATE_ROUTE,
+        ROUTER_ITSELF,
+        ROUTER_LOOP,
+        WORKER_API_KEY,
+        NO_GENERATE_ROUTE,
     ]
     fingerprint_doc, api_doc = _doc("fingerprint.md"), _doc("api.md")
     assert [s for s in states if f"`{s}`" not in fingerprint_doc or f"`{s}`" not in api_doc] == []

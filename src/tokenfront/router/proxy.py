@@ -85,6 +85,7 @@ from tokenfront.router.model_group import ModelGroup, ModelGroups
 from tokenfront.router.policies.base import Policy, RouteRequest, Routing, WorkerLoad
 from tokenfront.router.render_step import with_field
 from tokenfront.router.routing_metrics import RoutingMetrics, answer_usage
+from tokenfront.router.worker import Worker
 from tokenfront.router.worker_answers import (
     AnswerBounds,
     EventReader,
@@ -93,7 +94,7 @@ from tokenfront.router.worker_answers import (
     parse_answer,
     stream_event_budget,
 )
-from tokenfront.router.workers import Worker, WorkerPool
+from tokenfront.router.worker_pool import WorkerPool
 from tokenfront.server.disconnect import client_disconnected_response, wait_for_disconnect
 from tokenfront.server.errors import APIError, error_body
 from tokenfront.server.lean_routes import raw_body as request_body

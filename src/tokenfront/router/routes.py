@@ -23,19 +23,14 @@ from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.model_group import ModelGroup
 from tokenfront.router.proxy import Proxy
+from tokenfront.router.worker import Worker
 from tokenfront.router.worker_allow import WorkerAllowList
-from tokenfront.router.workers import (
-    DuplicateWorker,
-    RouterItself,
-    Worker,
-    WorkerPool,
-    WorkerReport,
-    WorkerSpec,
-    check_kv_endpoint,
-    normalize_url,
-)
+from tokenfront.router.worker_pool import DuplicateWorker, RouterItself, WorkerPool
+from tokenfront.router.worker_report import WorkerReport
+from tokenfront.router.worker_spec import WorkerSpec
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute
+from tokenfront.server_address import check_kv_endpoint, normalize_url
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import dns.resolver
 
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.router.worker_sources import SourceUnavailable
-from tokenfront.router.workers import PROTOCOLS, VERIFY_MODES, WorkerSpec
+from tokenfront.router.worker_spec import PROTOCOLS, VERIFY_MODES, WorkerSpec
 from tokenfront.server_address import WorkerAddress, normalize_url
 
 __all__ = ["RESOLVE_TIMEOUT", "DnsServer", "DnsWorkers", "WorkerDns", "make_resolver"]
