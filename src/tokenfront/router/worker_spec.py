@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tokenfront.server_address import check_kv_endpoint, normalize_url, quoted
 
-__all__ = ["PROTOCOLS", "VERIFY_MODES", "WorkerSpec"]
+__all__ = ["PROTOCOLS", "VERIFY_MODES", "WorkerSpec", "option_problem"]
 
 # How the router sends a worker its rendered ids: OpenAI bodies with `prompt_token_ids`, or vLLM's
 # `POST /inference/v1/generate`.
@@ -59,7 +59,7 @@ class WorkerSpec:
         for option in options:
             key, _, value = option.partition("=")
             key, value = key.strip().replace("_", "-"), value.strip()
-            problem = _option_problem(key, value)
+            problem = option_problem(key, value)
             if problem is None and key in found:
                 problem = f"{key} given twice"
             if problem is not None:
@@ -81,8 +81,9 @@ class WorkerSpec:
             raise ValueError(f"{quoted(text)}: {exc}") from None
 
 
-def _option_problem(key: str, value: str) -> str | None:
-    """What is wrong with one `KEY=VALUE` of a worker spec (None: nothing)."""
+def option_problem(key: str, value: str) -> str | None:
+    """What is wrong with one `KEY=VALUE` of a worker spec (None: nothing); a DNS source's options follow the
+    same rules (`router.worker_dns`)."""
     if key in ("kv-events", "kv-replay"):
         if not value:
             return f"{key} needs a value (a vLLM worker's ZMQ endpoint)"
