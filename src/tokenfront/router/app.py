@@ -33,9 +33,10 @@ from tokenfront.router.bounded_render import RenderSettings
 from tokenfront.router.fleet_metrics import FleetMetrics
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.kv_warmup import warm_kv_index
+from tokenfront.router.metrics import RouterMetrics
 from tokenfront.router.model_group import ModelGroup, ModelGroups
 from tokenfront.router.policies import build_policy
-from tokenfront.router.proxy import Proxy, RouterMetrics
+from tokenfront.router.proxy import Proxy
 from tokenfront.router.replica_sync import DEFAULT_HEARTBEAT, DEFAULT_PEER_TIMEOUT, ReplicaSync
 from tokenfront.router.routes import (
     ADMIN_PATHS,

@@ -45,12 +45,12 @@ def inference_router() -> APIRouter:
     @router.post("/v1/chat/completions", summary="Chat completion, routed to a worker")
     async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
         proxy: Proxy = raw.app.state.proxy
-        return await proxy.send_watching(await proxy.plan_chat(request, raw), raw)
+        return await proxy.send_watching(await proxy.planner.plan_chat(request, raw), raw)
 
     @router.post("/v1/completions", summary="Text completion, routed to a worker")
     async def completions(request: CompletionRequest, raw: Request) -> Response:
         proxy: Proxy = raw.app.state.proxy
-        return await proxy.send_watching(await proxy.plan_completion(request, raw), raw)
+        return await proxy.send_watching(await proxy.planner.plan_completion(request, raw), raw)
 
     return router
 
