@@ -425,8 +425,8 @@ class Proxy:
         return self._full(response, content, worker, call)
 
     def _failure(self, worker: Worker, exc: WorkerTransportError, stage: str, plan: Plan) -> _Failure:
-        """What a failed attempt means for the client (`_client_error`), and for the worker's health: out of
-        the active set until its re-check, unless it answered right but too much."""
+        """What a failed attempt means for the client (`worker_failures.client_error`), and for the worker's
+        health: out of the active set until its re-check, unless it answered right but too much."""
         reason = failure_reason(exc)
         if stage == "head" and isinstance(exc, ReadTimeout):
             settings = self.pool.settings
