@@ -22,9 +22,10 @@ import pytest
 from tokenfront.core.fingerprint import Fingerprint, build_fingerprint
 from tokenfront.core.render import RenderPipeline
 from tokenfront.options import RenderOptions
-from tokenfront.router import workers as router_workers
 from tokenfront.router.gate import ForwardingGate, router_reasons
 from tokenfront.router.probe import NO_PROBER
+from tokenfront.router.worker import NO_GENERATE_ROUTE, ROUTER_ITSELF, ROUTER_LOOP, WORKER_API_KEY
+from tokenfront.router.worker_report import WorkerReport
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "tokenfront"
@@ -102,10 +103,11 @@ def _strings(node: ast.AST | None) -> set[str]:
 
 
 def _not_forwarded_reasons() -> set[str]:
-    """Every `reason` label the router can count: what `never_forward_reason` returns, what `Proxy` passes to
-    `_unchanged` or counts directly, the gate's own, and a render's (`RenderOutcome(None, reason)`)."""
+    """Every `reason` label the router can count: what `never_forward_reason` returns, what `Planner` passes to
+    `_unchanged` or counts directly (and `Proxy` too), the gate's own, and a render's
+    (`RenderOutcome(None, reason)`)."""
     reasons: set[str] = set()
-    for name in ("bounded_render.py", "proxy.py"):
+    for name in ("bounded_render.py", "planning.py"):
         for node in ast.walk(ast.parse((SRC / "router" / name).read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Call) or ast.unparse(node.func) != "RenderOutcome":
                 continue
@@ -116,22 +118,23 @@ def _not_forwarded_reasons() -> set[str]:
             for node in ast.walk(function):
                 if isinstance(node, ast.Return):
                     reasons |= _strings(node.value)
-    proxy = ast.parse((SRC / "router" / "proxy.py").read_text(encoding="utf-8"))
-    for node in ast.walk(proxy):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if node.func.attr == "_unchanged" and len(node.args) >= 6:
-                reasons |= _strings(node.args[5])
-            if node.func.attr == "labels" and "not_forwarded" in ast.unparse(node.func.value):
-                for arg in node.args:
-                    reasons |= _strings(arg)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == "reason" for t in targets):
-                reasons |= _strings(node.value)
-        elif isinstance(node, ast.FunctionDef) and node.name == "_gate_reason":
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.IfExp):
-                    reasons |= _strings(inner.body) | _strings(inner.orelse)
+    # Where a plan is made, and where it is sent (`generate_unsupported`, counted by the attempt).
+    for name in ("planning.py", "proxy.py"):
+        for node in ast.walk(ast.parse((SRC / "router" / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr == "_unchanged" and len(node.args) >= 6:
+                    reasons |= _strings(node.args[5])
+                if node.func.attr == "labels" and "not_forwarded" in ast.unparse(node.func.value):
+                    for arg in node.args:
+                        reasons |= _strings(arg)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id == "reason" for t in targets):
+                    reasons |= _strings(node.value)
+            elif isinstance(node, ast.FunctionDef) and node.name == "_gate_reason":
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.IfExp):
+                        reasons |= _strings(inner.body) | _strings(inner.orelse)
     return reasons
 
 
@@ -215,8 +218,8 @@ def test_incomplete_reasons_and_gate_reasons_are_documented(qwen3_pipeline: Rend
         *router_reasons(fingerprint, has_model_path=False),
         *gate.worker_reasons(None),
         NO_PROBER,
-        "no fingerprint (" + str(router_workers.WorkerReport.from_server_info({}).missing) + ")",
-        "no fingerprint (" + str(router_workers.WorkerReport.from_server_info([]).missing) + ")",
+        "no fingerprint (" + str(WorkerReport.from_server_info({}).missing) + ")",
+        "no fingerprint (" + str(WorkerReport.from_server_info([]).missing) + ")",
     ]
     assert len(printed) == 7
     assert [reason for reason in printed if f"`{reason}`" not in text] == []
@@ -224,10 +227,10 @@ def test_incomplete_reasons_and_gate_reasons_are_documented(qwen3_pipeline: Rend
 
 def test_unusable_states_are_documented() -> None:
     states = [
-        router_workers.ROUTER_ITSELF,
-        router_workers.ROUTER_LOOP,
-        router_workers.WORKER_API_KEY,
-        router_workers.NO_GENERATE_ROUTE,
+        ROUTER_ITSELF,
+        ROUTER_LOOP,
+        WORKER_API_KEY,
+        NO_GENERATE_ROUTE,
     ]
     fingerprint_doc, api_doc = _doc("fingerprint.md"), _doc("api.md")
     assert [s for s in states if f"`{s}`" not in fingerprint_doc or f"`{s}`" not in api_doc] == []

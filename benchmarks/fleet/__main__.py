@@ -67,7 +67,7 @@ from benchmarks.fleet.scenario import WORKLOADS, WorkloadSpec
 from benchmarks.servers import Server, launch, launch_tokenfront, stop_all, wait_for_urls, wait_healthy
 from tokenfront import fixtures
 from tokenfront.router.policies import POLICIES, PredictedTtftConfig
-from tokenfront.router.workers import PoolSettings
+from tokenfront.router.worker_pool import PoolSettings
 
 # predicted_ttft's settings a tuning run may change: the router's flag and PredictedTtftConfig's field.
 _PREDICTED_TTFT_FLAGS = {

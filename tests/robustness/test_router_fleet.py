@@ -33,13 +33,10 @@ from tokenfront import fixtures
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.model_placement import ModelPlacement
-from tokenfront.router.workers import (
-    PoolSettings,
-    Worker,
-    WorkerPool,
-    WorkerReport,
-    WorkerSpec,
-)
+from tokenfront.router.worker import Worker
+from tokenfront.router.worker_pool import PoolSettings, WorkerPool
+from tokenfront.router.worker_report import WorkerReport
+from tokenfront.router.worker_spec import WorkerSpec
 from tokenfront.server.metrics import ServerMetrics
 from tokenfront.server.middleware import AuthAndMetrics
 from tokenfront.server_address import normalize_url, worker_identity

@@ -12,7 +12,7 @@ import pytest
 from tokenfront.router import block_table
 from tokenfront.router.block_table import BlockTable, distinct
 from tokenfront.router.kv_index import KvIndex
-from tokenfront.router.workers import Worker
+from tokenfront.router.worker import Worker
 
 
 @pytest.mark.parametrize("batch", [(1, 64), (65, 400)], ids=["placed-in-python", "placed-vectorized"])

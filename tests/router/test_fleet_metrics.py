@@ -15,7 +15,7 @@ from tokenfront.router.fleet_metrics import FleetMetrics
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import FeedActivity, KvIndex
 from tokenfront.router.vllm_events import VllmEventBatch
-from tokenfront.router.workers import PoolSettings, WorkerPool
+from tokenfront.router.worker_pool import PoolSettings, WorkerPool
 from tokenfront.worker.kv_events import KvEventLog
 
 TOKENFRONT = "http://w1:8000"

@@ -484,7 +484,7 @@ def test_the_fleet_structure_agrees_with_one_dict_per_worker(
     time passing, for 6 workers: every worker's match of every prompt is the reference's, after every step
     (also while the table's slots move to larger arrays a few at a time, as a large table's do)."""
     from tokenfront.router import block_table
-    from tokenfront.router.fleet_blocks import Removed, Stored
+    from tokenfront.router.block_changes import Removed, Stored
 
     if incremental_moves:
         monkeypatch.setattr(block_table, "MOVE_AT_ONCE", 0)

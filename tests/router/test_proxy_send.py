@@ -27,11 +27,15 @@ from tokenfront.router.connections import (
     WorkerConnections,
 )
 from tokenfront.router.gate import ForwardingGate
+from tokenfront.router.interrupt import Interrupt
 from tokenfront.router.kv_index import KvIndex
+from tokenfront.router.metrics import RouterMetrics
+from tokenfront.router.planning import Plan
 from tokenfront.router.policies import build_policy
 from tokenfront.router.policies.base import RouteRequest
-from tokenfront.router.proxy import FORWARDED_HEADER, WORKER_HEADER, Interrupt, Plan, Proxy, RouterMetrics
-from tokenfront.router.workers import PoolSettings, WorkerPool, WorkerSpec
+from tokenfront.router.proxy import FORWARDED_HEADER, WORKER_HEADER, Proxy
+from tokenfront.router.worker_pool import PoolSettings, WorkerPool
+from tokenfront.router.worker_spec import WorkerSpec
 
 BODY = b'{"choices":[{"index":0,"text":"hi"}]}'
 Handler = Callable[["Exchange"], Awaitable[None]]

@@ -14,7 +14,7 @@ import pytest
 from tokenfront.router.config_file import ConfigError, read_router_config
 from tokenfront.router.model_placement import ModelPlacement
 from tokenfront.router.worker_dns import DnsWorkers
-from tokenfront.router.workers import WorkerSpec
+from tokenfront.router.worker_spec import WorkerSpec
 
 
 def _config(tmp_path: Path, text: str) -> str:

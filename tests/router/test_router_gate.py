@@ -12,7 +12,8 @@ from tokenfront.core.reasoning import get_reasoning_parser
 from tokenfront.core.render import RenderPipeline
 from tokenfront.options import RenderOptions
 from tokenfront.router.gate import NO_MODEL_PATH, ForwardingGate, never_forward_reason
-from tokenfront.router.workers import WorkerReport, WorkerSpec
+from tokenfront.router.worker_report import WorkerReport
+from tokenfront.router.worker_spec import WorkerSpec
 
 
 @pytest.fixture(scope="module")

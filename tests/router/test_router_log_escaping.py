@@ -37,7 +37,7 @@ def test_forged_lines_from_a_worker_and_a_client_stay_inside_their_line(
     lines = router.log().splitlines()
     assert not any(line.startswith("2031-") for line in lines), [line for line in lines if "forged" in line]
     (warning,) = log_lines(router, "forged by the worker")
-    assert "WARNING tokenfront.router.workers: worker " in warning and "model names differ" in warning
+    assert "WARNING tokenfront.router.worker_health: worker " in warning and "model names differ" in warning
     assert f"other\\n{FORGED_BY_WORKER}\\r\\x1b[2K" in warning
     (access,) = log_lines(router, "forged by the client")
     assert "INFO tokenfront.access: " in access and f'"GET /x\\n{FORGED_BY_CLIENT}" 404' in access

@@ -48,7 +48,9 @@ from tokenfront.router.probe import (
     ProbeResult,
     ProbeUnreachable,
 )
-from tokenfront.router.workers import PoolSettings, WorkerPool, WorkerReport, WorkerSpec
+from tokenfront.router.worker_pool import PoolSettings, WorkerPool
+from tokenfront.router.worker_report import WorkerReport
+from tokenfront.router.worker_spec import WorkerSpec
 
 PROBE_WARNING = "forwarding token ids to workers that publish no fingerprint"
 CASE_NAMES = [case.name for case in PROBE_CASES]

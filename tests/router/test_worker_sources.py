@@ -18,11 +18,13 @@ import pytest
 from conftest import PlainOpenAIServer
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.router.kv_index import KvIndex
+from tokenfront.router.worker import FLAG_SOURCE
 from tokenfront.router.worker_allow import WorkerAllowList, parse_entry
 from tokenfront.router.worker_dns import DnsServer, DnsWorkers
 from tokenfront.router.worker_file import WorkerFile, parse_worker_lines
+from tokenfront.router.worker_pool import PoolSettings, WorkerPool
 from tokenfront.router.worker_sources import Admission, SourceMembers, SourceUnavailable
-from tokenfront.router.workers import FLAG_SOURCE, PoolSettings, WorkerPool, WorkerSpec
+from tokenfront.router.worker_spec import WorkerSpec
 
 # --- the file's lines -----------------------------------------------------------------------------------------
 

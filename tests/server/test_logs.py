@@ -23,7 +23,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from tokenfront import fixtures
 from tokenfront.router.gate import NO_TOKENIZER, ForwardingGate
-from tokenfront.router.workers import WorkerReport
+from tokenfront.router.worker_report import WorkerReport
 from tokenfront.server.logs import JsonFormatter, TextFormatter
 from tokenfront.server.middleware import RequestIdLayer
 from tokenfront.server.request_ids import (

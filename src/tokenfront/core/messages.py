@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tokenfront.core.content_format import ContentFormat
 from tokenfront.core.errors import RenderError, UnsupportedContentError
-from tokenfront.core.templates import ContentFormat
 
 __all__ = [
     "CLAUDE_CODE_BILLING_HEADER",

@@ -1,4 +1,4 @@
-"""Chat templates: the Jinja2 sandbox with the Hugging Face template contract, and content-format detection.
+"""Chat templates: the Jinja2 sandbox with the Hugging Face template contract.
 
 The environment mirrors what `transformers.apply_chat_template` gives a template (same globals, filters,
 extensions and whitespace options), so the text rendered here is the text transformers renders. It also holds
@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import copy
 import types
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from functools import lru_cache, update_wrapper
-from typing import Any, Literal
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -26,10 +25,9 @@ from jinja2.visitor import NodeTransformer
 from markupsafe import Markup
 
 from tokenfront.core import template_limits as limits
+from tokenfront.core.content_format import ContentFormat, detect_content_format
 from tokenfront.core.errors import TemplateRenderError
 from tokenfront.core.native_templates import DECLINE, native_template
-
-ContentFormat = Literal["string", "openai"]
 
 # transformers marks the end of the message to continue with this tag, then cuts the text there.
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
@@ -457,7 +455,7 @@ class ChatTemplate:
         try:
             tree = env.parse(source)
             # Read before instrumenting: the detection looks at the template as written.
-            self.content_format: ContentFormat = "openai" if _loops_over_message_content(tree) else "string"
+            self.content_format: ContentFormat = detect_content_format(tree)
             tree = _Instrument(env).visit(tree)
             tree.set_environment(env)
             self._compiled = env.template_class.from_code(
@@ -618,66 +616,3 @@ def _compile_cached(source: str) -> ChatTemplate | TemplateRenderError:
         return ChatTemplate(source)
     except TemplateRenderError as exc:
         return copy.copy(exc)  # without the traceback, which holds the compiler's frames
-
-
-# Content-format detection (the rule of vLLM's `_detect_content_format`): a template that loops over the
-# `content` of a message variable gets OpenAI-style content parts; any other template gets one string.
-
-
-def _accessed(node: jinja2.nodes.Node, key: str | None = None) -> str | None:
-    """The variable `node` is (or whose `[key]` / `.key` it is), possibly through filters, tests or slices; None if
-    it is no such access. (One name per node: the detection below looks each up once, in linear time, as a
-    hostile template of thousands of `{% set %}` could otherwise make it quadratic.)"""
-    while True:
-        if isinstance(node, jinja2.nodes.Filter):
-            if node.node is None:
-                return None
-            node = node.node
-        elif isinstance(node, jinja2.nodes.Test) or (
-            isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
-        ):
-            node = node.node
-        else:
-            break
-    if key is not None:
-        if isinstance(node, jinja2.nodes.Getitem):
-            if not (isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key):
-                return None
-        elif not (isinstance(node, jinja2.nodes.Getattr) and node.attr == key):
-            return None
-        node = node.node
-    if isinstance(node, jinja2.nodes.Name) and node.ctx == "load":
-        return str(node.name)
-    return None
-
-
-def _aliases(root: jinja2.nodes.Template, name: str) -> Iterator[str]:
-    """`name` and every variable assigned from it (`{% set msgs = messages %}`), transitively."""
-    assigned: dict[str, list[str]] = {}  # a name -> the variables assigned from it, in template order
-    for assign in root.find_all(jinja2.nodes.Assign):
-        source = _accessed(assign.node)
-        if source is not None and isinstance(assign.target, jinja2.nodes.Name):
-            assigned.setdefault(source, []).append(assign.target.name)
-    seen = {name}
-    yield name
-    pending = deque([name])
-    while pending:
-        for target in assigned.get(pending.popleft(), ()):
-            # `seen` also ends cycles (`{% set a = b %}{% set b = a %}`) that a hostile template could build.
-            if target not in seen:
-                seen.add(target)
-                yield target
-                pending.append(target)
-
-
-def _loop_targets(root: jinja2.nodes.Template, iterables: list[str], key: str | None) -> Iterator[str]:
-    names = set(iterables)
-    for loop in root.find_all(jinja2.nodes.For):
-        if isinstance(loop.target, jinja2.nodes.Name) and _accessed(loop.iter, key) in names:
-            yield loop.target.name
-
-
-def _loops_over_message_content(root: jinja2.nodes.Template) -> bool:
-    message_lists = list(_aliases(root, "messages"))
-    message_vars = list(_loop_targets(root, message_lists, None))
-    return next(_loop_targets(root, message_vars, "content"), None) is not None

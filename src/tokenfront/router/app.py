@@ -33,9 +33,10 @@ from tokenfront.router.bounded_render import RenderSettings
 from tokenfront.router.fleet_metrics import FleetMetrics
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.kv_warmup import warm_kv_index
+from tokenfront.router.metrics import RouterMetrics
 from tokenfront.router.model_group import ModelGroup, ModelGroups
 from tokenfront.router.policies import build_policy
-from tokenfront.router.proxy import Proxy, RouterMetrics
+from tokenfront.router.proxy import Proxy
 from tokenfront.router.replica_sync import DEFAULT_HEARTBEAT, DEFAULT_PEER_TIMEOUT, ReplicaSync
 from tokenfront.router.routes import (
     ADMIN_PATHS,
@@ -47,15 +48,10 @@ from tokenfront.router.routes import (
 )
 from tokenfront.router.routing_metrics import RoutingMetrics
 from tokenfront.router.worker_allow import WorkerAllowList
+from tokenfront.router.worker_health import LOOP_CODE, VIA_HEADER
+from tokenfront.router.worker_pool import PoolSettings, WorkerPool
 from tokenfront.router.worker_sources import DEFAULT_INTERVAL, Admission, WorkerSource, WorkerSources
-from tokenfront.router.workers import (
-    LOOP_CODE,
-    VIA_HEADER,
-    PoolSettings,
-    WorkerPool,
-    WorkerSpec,
-    worker_identity,
-)
+from tokenfront.router.worker_spec import WorkerSpec
 from tokenfront.server.admin_auth import AdminAccess
 from tokenfront.server.app import create_app
 from tokenfront.server.errors import error_response
@@ -63,6 +59,7 @@ from tokenfront.server.inspector import inspector_router
 from tokenfront.server.limits import DEFAULT_MAX_BODY_BYTES
 from tokenfront.server.metrics import ServerMetrics
 from tokenfront.server.tracing import Tracing
+from tokenfront.server_address import worker_identity
 
 log = logging.getLogger(__name__)
 

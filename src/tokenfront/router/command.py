@@ -69,7 +69,7 @@ def run_route(args: argparse.Namespace) -> int:
     from tokenfront.router.app import RouterSettings, create_router_app
     from tokenfront.router.bounded_render import RenderSettings
     from tokenfront.router.worker_allow import WorkerAllowList
-    from tokenfront.router.workers import PoolSettings
+    from tokenfront.router.worker_pool import PoolSettings
 
     # The router polls every worker's /health, /server_info and KV events: httpx's per-request INFO lines
     # would drown the log.
@@ -292,7 +292,7 @@ def _worker_sources(args: argparse.Namespace) -> list[Any]:
 
 
 def _worker_spec(text: str) -> object:
-    from tokenfront.router.workers import WorkerSpec
+    from tokenfront.router.worker_spec import WorkerSpec
 
     try:
         return WorkerSpec.parse(text)

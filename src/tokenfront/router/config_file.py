@@ -29,7 +29,7 @@ import tomllib
 
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.options import add_render_arguments
-from tokenfront.router.workers import WorkerSpec
+from tokenfront.router.worker_spec import WorkerSpec
 
 __all__ = ["ConfigError", "ModelConfig", "read_router_config"]
 

@@ -9,7 +9,7 @@ every worker at once: the running AND of the holder sets, noting where each work
 pass over the prompt plus Python work only for the blocks several workers hold (``matched_blocks``). A match
 is always a whole prefix: a block a worker does not hold ends its match there.
 
-The vocabulary (what feeds the index say, in the index's own words):
+The vocabulary (what feeds the index say, in the index's own words: ``router/block_changes.py``):
 
 - ``apply(worker, changes)``: ``Stored`` (a worker holds a chain of blocks, confirmed by its events, at a
   ``Location``: data-parallel rank, medium, KV cache group; a block held in several is gone only when every one
@@ -41,31 +41,21 @@ batch is applied as one change.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from itertools import repeat
 
 import numpy as np
 
 from tokenfront.core.kv_blocks import block_hash_array
+from tokenfront.router.block_changes import Location, Removed, Stored, chain_parents, flatten
+from tokenfront.router.block_holders import RowList, SharedHolders, WorkerBlocks, iter_slots, slot_array
 from tokenfront.router.block_table import BlockTable, as_keys, distinct
 
-__all__ = [
-    "DEFAULT_MAX_BLOCKS_PER_WORKER",
-    "DEFAULT_ROUTED_TTL_S",
-    "DEVICE",
-    "FleetBlocks",
-    "Location",
-    "Removed",
-    "Stored",
-]
-
-# A place a block is held: (data-parallel rank, medium, KV cache group).
-Location = tuple[int, str, int]
-DEVICE: Location = (0, "GPU", 0)
+__all__ = ["DEFAULT_MAX_BLOCKS_PER_WORKER", "DEFAULT_ROUTED_TTL_S", "FleetBlocks"]
 
 DEFAULT_MAX_BLOCKS_PER_WORKER = 65_536
 DEFAULT_ROUTED_TTL_S = 10.0
@@ -80,80 +70,6 @@ _RESERVED_ROWS = 1 << 26
 # (one bit per location of the holding worker; none: a routed guess).
 _HAS_PARENT = np.uint8(1)
 _MAX_LOCATIONS = 7
-
-
-@dataclass(frozen=True)
-class Stored:
-    """The worker holds consecutive blocks of one chain at ``location`` (first block first; ``parent`` is the
-    block before the first one, None when the first one starts a prompt), confirmed by its events."""
-
-    hashes: object  # unsigned 64-bit block hashes: a list, an array('Q') or a uint64 numpy array
-    parent: int | None = None
-    location: Location = DEVICE
-
-
-@dataclass(frozen=True)
-class Removed:
-    """Blocks left ``location`` of the worker: a block held nowhere else there (or only guessed) goes."""
-
-    hashes: object
-    location: Location = DEVICE
-
-
-@dataclass(eq=False)
-class _Worker:
-    url: str
-    slot: int
-    members: _RowList
-    blocks: int = 0  # (block, this worker) pairs held
-    confirmed: int = 0  # of which confirmed by events
-    has_events: bool = False
-    tokens_per_block: int | None = None  # learned from its events
-    locations: list[Location] = field(default_factory=list)  # bit i of a location mask is locations[i]
-    events_applied: int = 0
-    resets: int = 0
-    evicted: int = 0
-
-
-class _Shared:
-    """The holders of a block several workers hold, and their state."""
-
-    __slots__ = ("confirmed", "holders", "locations", "oldest", "routed")
-
-    def __init__(self) -> None:
-        self.holders = 0  # bitset of worker slots
-        self.confirmed = 0  # the holders whose events confirmed it
-        self.locations: dict[int, int] = {}  # slot -> location mask, for confirmed holders
-        self.routed: dict[int, float] = {}  # slot -> when routed there, for holders not confirmed
-        # No guess of a worker with events is older than this (a lower bound): until the TTL has passed since,
-        # a walk need not look for expired guesses here.
-        self.oldest = math.inf
-
-
-class _RowList:
-    """The rows a worker was given, in a growable int32 array; stale entries are dropped when compacted."""
-
-    __slots__ = ("rows", "size")
-
-    def __init__(self) -> None:
-        self.rows = np.empty(16, np.int32)
-        self.size = 0
-
-    def view(self) -> np.ndarray:
-        return self.rows[: self.size]
-
-    def extend(self, rows: np.ndarray) -> None:
-        end = self.size + len(rows)
-        if end > len(self.rows):
-            grown = np.empty(max(end, len(self.rows) + len(self.rows) // 2), np.int32)
-            grown[: self.size] = self.rows[: self.size]
-            self.rows = grown
-        self.rows[self.size : end] = rows
-        self.size = end
-
-    def replace(self, rows: np.ndarray) -> None:
-        self.rows = rows.astype(np.int32)
-        self.size = len(rows)
 
 
 class FleetBlocks:
@@ -184,10 +100,10 @@ class FleetBlocks:
             self._table = BlockTable(columns, reserve=_RESERVED_ROWS)
         except MemoryError:  # a system that refuses that much address space: columns grow by copying
             self._table = BlockTable(columns)
-        self._shared: dict[int, _Shared] = {}  # row -> holders, for rows held by several workers
-        self._workers: dict[str, _Worker] = {}
+        self._shared: dict[int, SharedHolders] = {}  # row -> holders, for rows held by several workers
+        self._workers: dict[str, WorkerBlocks] = {}
         self._slot_by_url: dict[str, int] = {}
-        self._by_slot: list[_Worker | None] = [None]  # slot 0 is nobody's
+        self._by_slot: list[WorkerBlocks | None] = [None]  # slot 0 is nobody's
         self._free_slots: list[int] = []
         self._has_events = np.zeros(64, bool)  # by slot
         self._events_mask = 0  # the same, as a bitset
@@ -235,7 +151,7 @@ class FleetBlocks:
             # Index -1 (a worker the index does not know) reads the extra last entry, which stays 0.
             by_slot = np.zeros(len(self._by_slot) + 1, np.int64)
             for depth, holders in levels:
-                by_slot[_slots_of(holders)] = depth
+                by_slot[slot_array(holders)] = depth
             return by_slot[self._slots_of_workers(workers)]
 
     def has_events(self, worker: str) -> bool:
@@ -284,7 +200,7 @@ class FleetBlocks:
         if not len(keys):
             return
         with self._lock:
-            parents, has_parent = _chain_parents(keys, None)
+            parents, has_parent = chain_parents(keys, None)
             self._hold(self._worker(worker), keys, parents, has_parent, np.arange(len(keys), 0, -1), None)
 
     # --- what events say -----------------------------------------------------------------------------------
@@ -323,41 +239,8 @@ class FleetBlocks:
             return
         with self._lock:
             state = self._worker(worker)
-            keys = _concatenated_keys([change.hashes for change in changes])
-            sizes = np.array([len(change.hashes) for change in changes])  # type: ignore[arg-type]
-            starts = np.cumsum(sizes) - sizes
-            is_stored = [isinstance(change, Stored) for change in changes]
-            bits = np.repeat(
-                np.array(
-                    [
-                        self._location_bit(state, change.location)
-                        if stored
-                        else self._known_location_bit(state, change.location)
-                        for change, stored in zip(changes, is_stored, strict=True)
-                    ],
-                    np.uint8,
-                ),
-                sizes,
-            )
-            stored = np.repeat(np.array(is_stored), sizes)
-            # A block's parent is the one before it in its change; a change's first block has the change's.
-            first_parents = [change.parent if isinstance(change, Stored) else None for change in changes]
-            if any(parent is not None and not 0 <= parent < 1 << 64 for parent in first_parents):
-                raise ValueError("a parent block hash is an unsigned 64-bit integer")
-            parents = np.empty(len(keys), np.uint64)
-            parents[1:] = keys[:-1]
-            parents[starts] = [parent or 0 for parent in first_parents]
-            has_parent = stored.copy()
-            has_parent[starts] = [parent is not None for parent in first_parents]
-            # Recency: each change more recent than the ones before it, and in a change each block more recent
-            # than the ones after it (see _hold).
-            change_starts = np.repeat(starts, sizes)
-            recency = 2 * change_starts + np.repeat(sizes, sizes) - np.arange(len(keys))
-            if len(changes) > 1:  # later changes supersede earlier ones about the same block and location
-                last = _last_of_each(keys, bits)
-                keys, parents, has_parent, bits, stored, recency = (
-                    column[last] for column in (keys, parents, has_parent, bits, stored, recency)
-                )
+            page = flatten(changes, functools.partial(self._change_bit, state))
+            keys, bits, stored = page.keys, page.bits, page.stored
             removed = ~stored
             if removed.any():
                 for bit in np.unique(bits[removed]).tolist():
@@ -365,7 +248,12 @@ class FleetBlocks:
                     self._drop_locations(state, rows[rows >= 0], bit)
             if stored.any():
                 self._hold(
-                    state, keys[stored], parents[stored], has_parent[stored], recency[stored], bits[stored]
+                    state,
+                    keys[stored],
+                    page.parents[stored],
+                    page.has_parent[stored],
+                    page.recency[stored],
+                    bits[stored],
                 )
 
     def clear(self, worker: str, *, rank: int) -> None:
@@ -386,7 +274,7 @@ class FleetBlocks:
             state = self._workers.get(worker)
             if state is not None:
                 self._release(state, self._valid_members(state))
-                state.members = _RowList()
+                state.members = RowList()
                 state.resets += 1
 
     def forget(self, worker: str) -> None:
@@ -432,11 +320,11 @@ class FleetBlocks:
 
     # --- internals (lock held) -----------------------------------------------------------------------------
 
-    def _worker(self, url: str) -> _Worker:
+    def _worker(self, url: str) -> WorkerBlocks:
         state = self._workers.get(url)
         if state is None:
             slot = self._free_slots.pop() if self._free_slots else len(self._by_slot)
-            state = _Worker(url, slot, _RowList())
+            state = WorkerBlocks(url, slot, RowList())
             if slot == len(self._by_slot):
                 self._by_slot.append(state)
             else:
@@ -448,7 +336,13 @@ class FleetBlocks:
             self._slots_changed += 1
         return state
 
-    def _location_bit(self, state: _Worker, location: Location) -> int:
+    def _change_bit(self, state: WorkerBlocks, change: Stored | Removed) -> int:
+        """The bit of the change's location for the worker: a stored one's is learned, a removed one's looked up."""
+        if isinstance(change, Stored):
+            return self._location_bit(state, change.location)
+        return self._known_location_bit(state, change.location)
+
+    def _location_bit(self, state: WorkerBlocks, location: Location) -> int:
         if location not in state.locations:
             if len(state.locations) == _MAX_LOCATIONS:
                 # Past seven locations (ranks x media x groups) the last bit stands for all the others: such a
@@ -457,7 +351,7 @@ class FleetBlocks:
             state.locations.append(location)
         return 1 << state.locations.index(location)
 
-    def _known_location_bit(self, state: _Worker, location: Location) -> int:
+    def _known_location_bit(self, state: WorkerBlocks, location: Location) -> int:
         if location in state.locations:
             return 1 << state.locations.index(location)
         return 1 << (_MAX_LOCATIONS - 1) if len(state.locations) == _MAX_LOCATIONS else 0
@@ -563,7 +457,7 @@ class FleetBlocks:
         if not guesses or now - shared.oldest < self.routed_ttl_s:
             return shared.holders
         expired, oldest = 0, math.inf
-        for slot in _bits(guesses):
+        for slot in iter_slots(guesses):
             routed_at = shared.routed[slot]
             if now - routed_at >= self.routed_ttl_s:
                 expired |= 1 << slot
@@ -575,7 +469,7 @@ class FleetBlocks:
             self._release_shared(row, expired)
         return holders & ~expired
 
-    def _held_live(self, row: int, state: _Worker, now: float) -> bool:
+    def _held_live(self, row: int, state: WorkerBlocks, now: float) -> bool:
         columns = self._table.columns
         holder = int(columns["holder"][row])
         if holder == _SHARED:
@@ -590,7 +484,7 @@ class FleetBlocks:
 
     def _hold(
         self,
-        state: _Worker,
+        state: WorkerBlocks,
         keys: np.ndarray,
         parents: np.ndarray,
         has_parent: np.ndarray,
@@ -667,12 +561,12 @@ class FleetBlocks:
         elif state.members.size > 2 * state.blocks + 1024:
             self._valid_members(state)
 
-    def _hold_shared(self, row: int, state: _Worker, now: float, location_bit: int) -> bool:
+    def _hold_shared(self, row: int, state: WorkerBlocks, now: float, location_bit: int) -> bool:
         """``state`` holds a row another worker holds too; True when it did not hold it before."""
         columns = self._table.columns
         holder = int(columns["holder"][row])
         if holder > 0:  # held by one other worker until now: the row becomes shared
-            shared = _Shared()
+            shared = SharedHolders()
             shared.holders = 1 << holder
             mask = int(columns["flags"][row]) >> 1
             if mask:
@@ -704,7 +598,7 @@ class FleetBlocks:
                 shared.oldest = now
         return joined
 
-    def _drop_locations(self, state: _Worker, rows: np.ndarray, location_mask: int) -> None:
+    def _drop_locations(self, state: WorkerBlocks, rows: np.ndarray, location_mask: int) -> None:
         """Take ``location_mask`` off the worker's copies of ``rows``; copies left with no location go."""
         if not len(rows):
             return
@@ -728,7 +622,7 @@ class FleetBlocks:
             else:
                 self._release_shared(row, bit)
 
-    def _release(self, state: _Worker, rows: np.ndarray) -> None:
+    def _release(self, state: WorkerBlocks, rows: np.ndarray) -> None:
         """The worker no longer holds ``rows`` (rows it does not hold are ignored)."""
         if not len(rows):
             return
@@ -749,7 +643,7 @@ class FleetBlocks:
         """The workers in bitset ``slots`` no longer hold the shared ``row``."""
         shared = self._shared[row]
         slots &= shared.holders
-        for slot in _bits(slots):
+        for slot in iter_slots(slots):
             state = self._by_slot[slot]
             assert state is not None
             state.blocks -= 1
@@ -775,7 +669,7 @@ class FleetBlocks:
         )
         columns["routed_at"][row] = shared.routed.get(slot, 0.0)
 
-    def _valid_members(self, state: _Worker) -> np.ndarray:
+    def _valid_members(self, state: WorkerBlocks) -> np.ndarray:
         """The rows the worker holds, sorted; its list is compacted to them."""
         rows = state.members.view()
         if not len(rows):
@@ -789,14 +683,14 @@ class FleetBlocks:
         state.members.replace(valid)
         return valid
 
-    def _shared_members(self, state: _Worker) -> Iterator[int]:
+    def _shared_members(self, state: WorkerBlocks) -> Iterator[int]:
         rows = state.members.view()
         bit = 1 << state.slot
         for row in rows[self._table.columns["holder"][rows] == _SHARED].tolist():
             if self._shared[row].holders & bit:
                 yield row
 
-    def _evict(self, state: _Worker) -> None:
+    def _evict(self, state: WorkerBlocks) -> None:
         """Bring the worker under the cap: its least recently used blocks go, leaves before their parents."""
         rows = self._valid_members(state)
         count = min(len(rows), state.blocks - self.max_blocks_per_worker + self.max_blocks_per_worker // 16)
@@ -830,56 +724,3 @@ class FleetBlocks:
             up[going] = up[up[going]]
             distance *= 2
         return recency
-
-
-def _bits(bitset: int) -> Iterator[int]:
-    """The slots in a bitset, lowest first."""
-    while bitset:
-        low = bitset & -bitset
-        yield low.bit_length() - 1
-        bitset ^= low
-
-
-def _slots_of(bitset: int) -> np.ndarray:
-    """The slots in a bitset, as an array."""
-    if bitset & (bitset - 1) == 0:  # one slot (or none)
-        return np.array([bitset.bit_length() - 1] if bitset else [], np.int64)
-    packed = np.frombuffer(bitset.to_bytes((bitset.bit_length() + 7) // 8, "little"), np.uint8)
-    return np.flatnonzero(np.unpackbits(packed, bitorder="little"))
-
-
-def _chain_parents(keys: np.ndarray, first_parent: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """The parent of each block of a chain: the one before it, and ``first_parent`` for the first one."""
-    if first_parent is not None and not 0 <= first_parent < 1 << 64:
-        raise ValueError(f"a parent block hash is an unsigned 64-bit integer, got {first_parent!r}")
-    parents = np.empty(len(keys), np.uint64)
-    parents[1:] = keys[:-1]
-    has_parent = np.ones(len(keys), bool)
-    if first_parent is None:
-        has_parent[:1] = False
-        parents[:1] = 0
-    else:
-        parents[:1] = first_parent
-    return parents, has_parent
-
-
-def _concatenated_keys(parts: list[object]) -> np.ndarray:
-    """Several lists or arrays of block hashes as one uint64 array."""
-    if all(isinstance(part, list) for part in parts):
-        return as_keys([key for part in parts for key in part])  # type: ignore[attr-defined]
-    return np.concatenate([as_keys(part) for part in parts])
-
-
-def _last_of_each(keys: np.ndarray, bits: np.ndarray) -> np.ndarray:
-    """The positions of the last occurrence of each (key, bit) pair, in their original order."""
-    if bits.min() == bits.max():  # one location (every tokenfront worker): group by key alone
-        order = np.argsort(keys[::-1], kind="stable")  # reversed: the latest position of a key comes first
-        ordered = keys[::-1][order]
-        first = np.ones(len(order), bool)
-        first[1:] = ordered[1:] != ordered[:-1]
-        return np.sort(len(keys) - 1 - order[first])
-    positions = np.arange(len(keys))
-    order = np.lexsort((-positions, bits, keys))  # by key, then bit, the latest position first
-    first = np.ones(len(order), bool)
-    first[1:] = (keys[order][1:] != keys[order][:-1]) | (bits[order][1:] != bits[order][:-1])
-    return np.sort(order[first])

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tokenfront.router.gate import ForwardingGate
-from tokenfront.router.workers import WorkerPool
+from tokenfront.router.worker_pool import WorkerPool
 
 __all__ = ["WORKER_STATES", "FleetMetrics"]
 

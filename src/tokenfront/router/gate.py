@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from tokenfront.core.fingerprint import Fingerprint
 from tokenfront.core.reasoning import ReasoningParser, prompt_carries_reasoning_mode
-from tokenfront.router.workers import WorkerReport
+from tokenfront.router.worker_report import WorkerReport
 
 log = logging.getLogger(__name__)
 

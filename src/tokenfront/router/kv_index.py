@@ -24,13 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfront.router.fleet_blocks import (
-    DEFAULT_MAX_BLOCKS_PER_WORKER,
-    DEFAULT_ROUTED_TTL_S,
-    DEVICE,
-    FleetBlocks,
-    Location,
-)
+from tokenfront.router.block_changes import DEVICE, Location
+from tokenfront.router.fleet_blocks import DEFAULT_MAX_BLOCKS_PER_WORKER, DEFAULT_ROUTED_TTL_S, FleetBlocks
 from tokenfront.router.tokenfront_feed import TokenfrontFeed
 from tokenfront.router.vllm_events import parse_vllm_batch
 from tokenfront.router.vllm_feed import VllmFeed

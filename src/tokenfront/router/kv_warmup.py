@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tokenfront.router.workers import WorkerPool
+    from tokenfront.router.worker_pool import WorkerPool
 
 __all__ = ["KvWarmup", "warm_kv_index"]
 
@@ -77,7 +77,7 @@ async def warm_kv_index(pool: WorkerPool) -> KvWarmup:
     Also kept as ``pool.kv_warmup``. A timeout of 0 reads nothing and says so."""
     settings = pool.settings
     started = time.monotonic()
-    pending = {worker.url: worker for worker in pool.event_publishers()}
+    pending = {worker.url: worker for worker in pool.feeds.publishers()}
     workers = len(pending)
     snapshots = 0
     read: list[str] = []
@@ -87,7 +87,7 @@ async def warm_kv_index(pool: WorkerPool) -> KvWarmup:
             async with asyncio.timeout(settings.kv_warmup_timeout):
                 while True:
                     batch = list(pending.values())
-                    results = await asyncio.gather(*(pool.read_kv_events(worker) for worker in batch))
+                    results = await asyncio.gather(*(pool.feeds.read(worker) for worker in batch))
                     for worker, result in zip(batch, results, strict=True):
                         if result is not None:  # read to the end; True: from a snapshot
                             del pending[worker.url]
@@ -97,7 +97,7 @@ async def warm_kv_index(pool: WorkerPool) -> KvWarmup:
                         break
                     await asyncio.sleep(settings.kv_events_interval)
                     # A worker taken out of the active set meanwhile (a failed check) is not waited for.
-                    publishers = {worker.url for worker in pool.event_publishers()}
+                    publishers = {worker.url for worker in pool.feeds.publishers()}
                     for url in [url for url in pending if url not in publishers]:
                         del pending[url]
                         left += 1

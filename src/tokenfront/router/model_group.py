@@ -29,7 +29,8 @@ from tokenfront.router.gate import ForwardingGate, GateState
 from tokenfront.router.model_placement import ModelPlacement
 from tokenfront.router.policies.base import Policy
 from tokenfront.router.probe import Prober
-from tokenfront.router.workers import Worker, WorkerPool
+from tokenfront.router.worker import Worker
+from tokenfront.router.worker_pool import WorkerPool
 from tokenfront.server.errors import APIError, model_not_found
 
 __all__ = ["ModelGroup", "ModelGroups"]

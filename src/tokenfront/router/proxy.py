@@ -1,28 +1,22 @@
-"""The router's proxying: render a request, choose a worker, send it, retry elsewhere when a worker fails.
+"""The router's proxying: a planned request sent to a worker the policy chooses, retried elsewhere when a worker
+fails.
 
-For each chat or completions request the `Proxy`
+Each chat or completions request is first planned (`router.planning`: rendered with its model's pipeline, and
+what goes to the worker decided: the router's ids or the client's body, a `Plan`). The `Proxy` then
 
-1. picks the router's model its `model` names (`router.model_group`: a 404 `model_not_found` for a name no
-   model has) and renders it with that model's `RenderPipeline` (the one the renderer and the workers use) to
-   get the prompt ids — a render error is the client's 400, answered as the renderer answers it; the wait is bounded
-   (`bounded_render`: `--render-timeout`, in this process or in `--render-processes` render processes), and a
-   render that is late or fails for a reason not the client's sends the body as the client sent it, routed by
-   load alone;
-2. decides what goes to the worker (a `Plan`): the body with the router's ids (chat: `prompt_token_ids`;
-   completions: the ids as `prompt`) when the gate is open and the request is not one of the never-forwarded
-   kinds, else the original body byte for byte;
-3. asks the model's policy for a worker among that model's active ones and sends the body on that worker's connection pool —
+1. asks the model's policy for a worker among that model's active ones and sends the body on that worker's connection pool —
    to a `protocol=generate` worker, a forwarded request goes as vLLM's tokens-in, tokens-out call instead
    (`router.generate`: the ids to `/inference/v1/generate`, the output ids derendered into the OpenAI
    answer, a stream chunk by chunk), and one the generate path cannot carry as the client sent it;
-4. retries on another worker when the chosen one fails before the client got a byte: a connection error, a
+2. retries on another worker when the chosen one fails before the client got a byte: a connection error, a
    timeout, a 5xx answer, an answer that is not what the route answers (`worker_answers`: not JSON, no
    `choices`, not an event stream), or a stream that breaks before its first event. A worker that failed so is
    taken out of the active set (the pool re-checks it at once, and puts it back when it answers its checks).
    Worker 4xx answers with a JSON body are the client's and pass through; when every worker failed, the
-   client gets the last failure's error: 503 `no_worker`, 502 `bad_worker_response`, 504 `worker_timeout`;
-5. answers with the worker's response — a stream is relayed event by event as it arrives, never buffered —
-   plus `x-tokenfront-worker` (which worker served) and `x-tokenfront-forwarded` (true/false).
+   client gets the last failure's error (`router.worker_failures`): 503 `no_worker`, 502
+   `bad_worker_response`, 504 `worker_timeout`;
+3. answers with the worker's response — a stream is relayed event by event as it arrives, never buffered
+   (`router.relay`) — plus `x-tokenfront-worker` (which worker served) and `x-tokenfront-forwarded` (true/false).
 
 Every wait for a worker is bounded (`PoolSettings`): a stream's head and first event by `--first-byte-timeout`
 (the worker's queue and prefill), a whole answer by `--request-timeout` (a worker sends its head only once the
@@ -36,193 +30,60 @@ Sending is the router's per-request overhead, so it is kept short: the worker's 
 `WorkerConnections` pool (a request written in one piece, the answer parsed as it arrives), and the two events
 that end a wait early — the client leaving (answered 499, the worker's request closed so that it stops
 generating) and a health check finding the worker gone (retried elsewhere) — cancel the request's own task
-through one `_Interrupt`, rather than racing a task against every await.
-
-Completions with several prompts go to one worker as one request (routed by the first prompt's ids, the ids
-forwarded as a list of id lists), so the answer keeps its shape; with `echo` they are never forwarded (the
-worker would echo decoded ids, not the client's text).
+through one `Interrupt` (`router.interrupt`), rather than racing a task against every await.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry
 
-from tokenfront.core.reasoning import ReasoningParser
 from tokenfront.core.render import RenderPipeline
-from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
-from tokenfront.router.bounded_render import BoundedRender, RenderOutcome, RenderSettings
-from tokenfront.router.connections import (
-    AnswerTooLarge,
-    BadAnswer,
-    ReadTimeout,
-    WorkerResponse,
-    WorkerTransportError,
-    WriteTimeout,
-    describe_error,
-)
-from tokenfront.router.gate import ForwardingGate, never_forward_reason
-from tokenfront.router.generate import (
-    GENERATE_PATH,
-    GenerateCall,
-    GenerateStream,
-    Reading,
-    chat_call,
-    completion_call,
-)
+from tokenfront.router.bounded_render import BoundedRender, RenderSettings
+from tokenfront.router.connections import AnswerTooLarge, ReadTimeout, WorkerResponse, WorkerTransportError
+from tokenfront.router.gate import ForwardingGate
+from tokenfront.router.generate import GenerateStream
+from tokenfront.router.interrupt import Interrupt, watch_disconnect
+from tokenfront.router.metrics import RouterMetrics
 from tokenfront.router.model_group import ModelGroup, ModelGroups
-from tokenfront.router.policies.base import Policy, RouteRequest, Routing, WorkerLoad
-from tokenfront.router.render_step import with_field
+from tokenfront.router.planning import Plan, Planner, WorkerCall
+from tokenfront.router.policies.base import Policy, Routing, WorkerLoad
+from tokenfront.router.relay import ChunkSource, RelayResponse
 from tokenfront.router.routing_metrics import RoutingMetrics, answer_usage
+from tokenfront.router.worker import Worker
 from tokenfront.router.worker_answers import (
     AnswerBounds,
     EventReader,
     RelayedStream,
     check_answer,
     parse_answer,
-    stream_event_budget,
 )
-from tokenfront.router.workers import Worker, WorkerPool
-from tokenfront.server.disconnect import client_disconnected_response, wait_for_disconnect
-from tokenfront.server.errors import APIError, error_body
-from tokenfront.server.lean_routes import raw_body as request_body
+from tokenfront.router.worker_failures import NO_WORKER_CODE, client_error, failure_reason
+from tokenfront.router.worker_pool import WorkerPool
+from tokenfront.server.disconnect import client_disconnected_response
+from tokenfront.server.errors import APIError
 from tokenfront.server.request_ids import current_request_id
-from tokenfront.server.sse import SSE_DONE, sse_event
-from tokenfront.server.tracing import PROMPT_TOKENS, Tracing
+from tokenfront.server.tracing import Tracing
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
-
     from tokenfront.router.replica_sync import ReplicaSync
+
+__all__ = ["FORWARDED_HEADER", "WORKER_HEADER", "Decision", "Proxy"]
 
 log = logging.getLogger(__name__)
 
 WORKER_HEADER = "x-tokenfront-worker"
 FORWARDED_HEADER = "x-tokenfront-forwarded"
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
 # Worker response headers a client may care about; hop-by-hop and length headers are the router's own.
 _PASSED_HEADERS = ("content-type", "x-request-id")
-BAD_WORKER_RESPONSE_CODE = "bad_worker_response"
-WORKER_TIMEOUT_CODE = "worker_timeout"
-WORKER_RESPONSE_TOO_LARGE_CODE = "worker_response_too_large"
-NO_WORKER_CODE = "no_worker"
-
-
-class RouterMetrics:
-    """The router's Prometheus metrics, in the app's registry."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(
-            "tokenfront_router_requests",
-            "Requests answered by a worker, by route, worker and whether the router's ids were forwarded",
-            ["route", "worker", "forwarded"],
-            registry=registry,
-        )
-        self.not_forwarded = Counter(
-            "tokenfront_router_not_forwarded",
-            "Requests sent as the client sent them, by reason (gate, named_tool_choice, model_family, "
-            "reasoning_mode, client_token_ids, echo, no_render, render_late, render_failed, "
-            "generate_unsupported)",
-            ["reason"],
-            registry=registry,
-        )
-        self.renders = Counter(
-            "tokenfront_router_renders",
-            "Renders for routing, by outcome: ok, invalid (the client's 400), late (not done within "
-            "--render-timeout) and failed (not the client's fault); late and failed ones are routed by load",
-            ["outcome"],
-            registry=registry,
-        )
-        self.render_seconds = Histogram(
-            "tokenfront_router_render_seconds",
-            "Seconds from asking for a render to its answer, queue included (late renders are not timed)",
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
-            registry=registry,
-        )
-        self.render_processes_replaced = Counter(
-            "tokenfront_router_render_processes_replaced",
-            "Render processes (--render-processes) that died and were replaced",
-            registry=registry,
-        )
-        self.retries = Counter(
-            "tokenfront_router_retries",
-            "Attempts that failed before the client saw a byte and were retried on another worker",
-            ["worker"],
-            registry=registry,
-        )
-        self.forwarding = Gauge(
-            "tokenfront_router_forwarding",
-            "1 when the gate lets rendered ids go to workers (on a router of several models: every model's)",
-            registry=registry,
-        )
-        self.model_forwarding = Gauge(
-            "tokenfront_router_model_forwarding",
-            "1 when the model's gate lets rendered ids go to its workers, by model (its first served name)",
-            ["model"],
-            registry=registry,
-        )
-        self.active_workers = Gauge(
-            "tokenfront_router_active_workers", "Workers in the active set", registry=registry
-        )
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to send for one client request, and how to route it.
-
-    `body` goes to an OpenAI route (`path`): with the router's ids when `forwarded`, else as the client sent
-    it (`raw_body`). A forwarded plan also carries its `generate` call for `protocol=generate` workers (None
-    when the generate path cannot carry the request, or no such worker is configured: such a worker then
-    gets `raw_body` on its OpenAI route).
-    """
-
-    route: str  # "chat" or "completion"
-    path: str
-    body: bytes
-    target: RouteRequest
-    forwarded: bool
-    stream: bool
-    reason: str | None = None  # why the router's ids were not forwarded
-    raw_body: bytes = b""
-    generate: GenerateCall | None = None
-    model: str | None = None  # the model the client named: only workers serving it are chosen
-    max_events: int | None = None  # a stream's event budget (`worker_answers.stream_event_budget`)
-    # The router's model it goes to (`router.model_group`): only that model's workers are chosen, by its
-    # policy. None: the router's first model.
-    group: ModelGroup | None = None
-
-    def call_for(self, worker: Worker) -> _Call:
-        """What this worker is sent: the generate call, the body with ids, or the client's body."""
-        if worker.protocol != "generate" or not self.forwarded:
-            return _Call(self.path, self.body, self.forwarded)
-        if self.generate is None:
-            return _Call(self.path, self.raw_body, False)
-        tokenfront = worker.report is not None and worker.report.role == "worker"
-        body = self.generate.body_for(tokenfront=tokenfront)
-        return _Call(GENERATE_PATH, body, True, self.generate.reading())
-
-
-@dataclass(frozen=True)
-class _Call:
-    """One attempt's request: where it goes, its body, whether it carries the router's ids, and for a
-    generate worker how the output ids are read."""
-
-    path: str
-    body: bytes
-    forwarded: bool
-    reading: Reading | None = None
 
 
 @dataclass(frozen=True)
@@ -237,7 +98,8 @@ class _Failure:
 
 
 class Proxy:
-    """Plans, routes and relays chat and completions requests."""
+    """Sends planned chat and completions requests (`planner` plans them): routes each to a worker, retries
+    elsewhere when one fails, relays the answer."""
 
     def __init__(
         self,
@@ -282,6 +144,8 @@ class Proxy:
         )
         # The request counter's children by (route, worker, forwarded): `labels()` costs more than `inc()`.
         self._served: dict[tuple[str, str, bool], Any] = {}
+        # What a request's plan is: its model, its render and what goes to the worker.
+        self.planner = Planner(self.groups, pool, metrics.not_forwarded, tracing)
 
     # The first model's parts: a single-model router's only ones (`/server_info`'s top-level fields).
 
@@ -305,222 +169,12 @@ class Proxy:
     def served_model_names(self) -> tuple[str, ...]:
         return self.groups.default.served_model_names
 
-    # -- plans -----------------------------------------------------------------------------------------------
-
-    async def plan_chat(self, request: ChatCompletionRequest, raw: Request) -> Plan:
-        """Render a chat request (whose body `raw` read) with its model's pipeline and decide what goes to the
-        worker; a 404 `model_not_found` when no model of the router's has the name it gives."""
-        group = self.groups.for_request(request.model)
-        raw_body = request_body(raw)
-        stream, salt = bool(request.stream), request.cache_salt
-        budget = self._event_budget(group, request, request.max_completion_tokens or request.max_tokens, 1)
-        if request.prompt_token_ids is not None:
-            # The client rendered it: route by its ids, send them as they are.
-            target = RouteRequest(list(request.prompt_token_ids), cache_salt=salt)
-            return self._unchanged(
-                group, "chat", CHAT_PATH, raw_body, target, stream, "client_token_ids", request.model, budget
-            )
-        outcome = await self._render(group, raw, request, with_body=request.named_tool is None)
-        if outcome.rendered is None or outcome.rendered.prompts is None:
-            target, why = RouteRequest(None, salt), outcome.reason or "no_render"
-            return self._unchanged(
-                group, "chat", CHAT_PATH, raw_body, target, stream, why, request.model, budget
-            )
-        (rendered,) = outcome.rendered.prompts
-        target = RouteRequest(rendered.token_ids, cache_salt=salt)
-        reason = self._never_forward(
-            group, request.named_tool is not None, [rendered.prompt_text]
-        ) or self._gate_reason(group)
-        if reason is not None:
-            return self._unchanged(
-                group, "chat", CHAT_PATH, raw_body, target, stream, reason, request.model, budget
-            )
-        body = outcome.rendered.forwarded_body or with_field(raw_body, "prompt_token_ids", rendered.token_ids)
-        build = functools.partial(chat_call, request=request, rendered=rendered)
-        return self._forwarded(
-            group, "chat", CHAT_PATH, body, raw_body, target, stream, request.model, build, budget
-        )
-
-    async def plan_completion(self, request: CompletionRequest, raw: Request) -> Plan:
-        """Render a completions request (every prompt; whose body `raw` read) and decide what goes to the
-        worker, as `plan_chat` does."""
-        group = self.groups.for_request(request.model)
-        raw_body = request_body(raw)
-        stream, salt = bool(request.stream), request.cache_salt
-        budget = self._event_budget(group, request, request.max_tokens, request.prompt_count)
-        outcome = await self._render(group, raw, request, with_body=not request.echo)
-        if outcome.rendered is None or outcome.rendered.prompts is None:
-            return self._unchanged(
-                group,
-                "completion",
-                COMPLETIONS_PATH,
-                raw_body,
-                RouteRequest(None, salt),
-                stream,
-                outcome.reason or "no_render",
-                request.model,
-                budget,
-            )
-        items = outcome.rendered.prompts
-        target = RouteRequest(items[0].token_ids, cache_salt=salt)
-        texts = [item.prompt_text for item in items]
-        if all(text is None for text in texts):
-            reason: str | None = "client_token_ids"
-        elif request.echo:
-            reason = "echo"
-        else:
-            reason = self._never_forward(group, False, texts) or self._gate_reason(group)
-        if reason is not None:
-            return self._unchanged(
-                group, "completion", COMPLETIONS_PATH, raw_body, target, stream, reason, request.model, budget
-            )
-        body = outcome.rendered.forwarded_body
-        if body is None:
-            prompt = items[0].token_ids if len(items) == 1 else [item.token_ids for item in items]
-            body = with_field(raw_body, "prompt", prompt)
-        build = functools.partial(completion_call, request=request, items=items)
-        return self._forwarded(
-            group,
-            "completion",
-            COMPLETIONS_PATH,
-            body,
-            raw_body,
-            target,
-            stream,
-            request.model,
-            build,
-            budget,
-        )
-
-    @staticmethod
-    def _event_budget(
-        group: ModelGroup,
-        request: ChatCompletionRequest | CompletionRequest,
-        max_tokens: int | None,
-        prompts: int,
-    ) -> int | None:
-        """A stream's event budget: its choices (`n` x prompts) of at most `max_tokens` each, or of the
-        model's context when the request sets no max_tokens (None when that is unknown too)."""
-        if not request.stream:
-            return None
-        tokens = max_tokens if max_tokens is not None else group.context_tokens
-        return stream_event_budget((request.n or 1) * prompts, tokens)
-
-    def _forwarded(
-        self,
-        group: ModelGroup,
-        route: str,
-        path: str,
-        body: bytes,
-        raw_body: bytes,
-        target: RouteRequest,
-        stream: bool,
-        model: str | None,
-        build: Callable[[RenderPipeline], GenerateCall | None],
-        max_events: int | None,
-    ) -> Plan:
-        """A plan carrying the router's ids; its generate call is built only when a worker speaks that
-        protocol."""
-        call = None
-        if group.pipeline is not None and any(w.protocol == "generate" for w in self.pool.workers.values()):
-            call = build(group.pipeline)
-        return Plan(
-            route,
-            path,
-            body,
-            target,
-            True,
-            stream,
-            raw_body=raw_body,
-            generate=call,
-            model=model,
-            max_events=max_events,
-            group=group,
-        )
-
-    async def _render(
-        self,
-        group: ModelGroup,
-        raw: Request,
-        request: ChatCompletionRequest | CompletionRequest,
-        *,
-        with_body: bool,
-    ) -> RenderOutcome:
-        """The render a plan routes by, with its model's pipeline, bounded by --render-timeout
-        (`bounded_render`). `with_body`: the forwarded body is built with it, when the model's gate is open and
-        the request may be forwarded."""
-        renders = group.renders
-        if renders is None:
-            return RenderOutcome(None, "no_render")
-        with_body = with_body and group.gate.state.forwarding
-        if self.tracing is None:
-            return await renders.render(raw, request, with_body=with_body)
-        with self.tracing.span("render") as span:
-            outcome = await renders.render(raw, request, with_body=with_body)
-            span.set_attributes(_render_span(outcome))
-        return outcome
-
-    def _unchanged(
-        self,
-        group: ModelGroup,
-        route: str,
-        path: str,
-        body: bytes,
-        target: RouteRequest,
-        stream: bool,
-        reason: str,
-        model: str | None,
-        max_events: int | None,
-    ) -> Plan:
-        self.metrics.not_forwarded.labels(reason).inc()
-        return Plan(
-            route,
-            path,
-            body,
-            target,
-            forwarded=False,
-            stream=stream,
-            reason=reason,
-            model=model,
-            max_events=max_events,
-            group=group,
-        )
-
-    @staticmethod
-    def _gate_reason(group: ModelGroup) -> str | None:
-        return None if group.gate.state.forwarding else "gate"
-
-    def _never_forward(self, group: ModelGroup, named_tool: bool, texts: Sequence[str | None]) -> str | None:
-        parsers = self._prompt_mode_parsers(group)
-        family = group.family
-        for text in texts:
-            reason = never_forward_reason(
-                named_tool_choice=named_tool,
-                family_never_forwards=family.never_forward_ids,
-                family=family.name,
-                prompt_text=text,
-                prompt_mode_parsers=parsers,
-            )
-            if reason is not None:
-                return reason
-        return None
-
-    def _prompt_mode_parsers(self, group: ModelGroup) -> list[ReasoningParser]:
-        """The parsers, here and on the model's active workers, that read the reasoning mode from the prompt."""
-        own = group.own_prompt_parser
-        found = {own.name: own} if own is not None else {}
-        for worker in self.groups.members(self.pool, group):
-            parser = worker.report.prompt_mode_parser if worker.report else None
-            if parser is not None:
-                found.setdefault(parser.name, parser)
-        return list(found.values())
-
     # -- sending ---------------------------------------------------------------------------------------------
 
     async def send_watching(self, plan: Plan, raw: Request) -> Response:
         """`send`, abandoned (and the worker's request closed) when the client goes away first: then 499."""
-        interrupt = _Interrupt()
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(raw.receive, interrupt))
+        interrupt = Interrupt()
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect(raw.receive, interrupt))
         try:
             return await self.send(plan, interrupt)
         except _ClientLeft:
@@ -533,9 +187,9 @@ class Proxy:
             interrupt.disarm()
             watcher.cancel()
 
-    async def send(self, plan: Plan, interrupt: _Interrupt | None = None) -> Response:
+    async def send(self, plan: Plan, interrupt: Interrupt | None = None) -> Response:
         """Send the plan to a worker the policy chooses; on a failure before any byte, to another one."""
-        interrupt = interrupt or _Interrupt()
+        interrupt = interrupt or Interrupt()
         tried: set[str] = set()
         failures: list[str] = []
         fallback: Response | None = None
@@ -598,7 +252,7 @@ class Proxy:
         """The policy of the plan's model."""
         return (plan.group or self.groups.default).policy
 
-    def _choose(self, plan: Plan, tried: set[str]) -> tuple[Worker, WorkerLoad, _Decision] | None:
+    def _choose(self, plan: Plan, tried: set[str]) -> tuple[Worker, WorkerLoad, Decision] | None:
         group = plan.group or self.groups.default
         candidates = self.groups.candidates(self.pool, group, plan.model)
         if tried:  # a retry: not the workers that failed this request (a first try has a pass less to make)
@@ -613,7 +267,7 @@ class Proxy:
             routing = self._traced_route(self.tracing, group.policy, loads, plan)
         chosen = routing.worker
         # The pool's own worker of that url: one of the candidates (nothing awaited since they were read).
-        return self.pool.workers[chosen.url], chosen, _Decision(routing, time.perf_counter() - started)
+        return self.pool.workers[chosen.url], chosen, Decision(routing, time.perf_counter() - started)
 
     def _traced_route(self, tracing: Tracing, policy: Policy, loads: list[WorkerLoad], plan: Plan) -> Routing:
         """The policy's decision, as a `route` span: the policy, the candidates, the worker chosen, the cached
@@ -638,9 +292,9 @@ class Proxy:
         worker: Worker,
         load: WorkerLoad,
         plan: Plan,
-        call: _Call,
-        interrupt: _Interrupt,
-        decision: _Decision,
+        call: WorkerCall,
+        interrupt: Interrupt,
+        decision: Decision,
     ) -> Response | _Failure:
         """`_attempt` inside a client span, whose context the worker is sent in `traceparent`. The span ends
         with the attempt's answer: a relayed stream's when the stream does."""
@@ -666,7 +320,7 @@ class Proxy:
             span.end()
             return outcome
         span.set_attribute("http.response.status_code", outcome.status_code)
-        if isinstance(outcome, _RelayResponse):
+        if isinstance(outcome, RelayResponse):
             outcome.span = span
         else:
             span.end()
@@ -677,9 +331,9 @@ class Proxy:
         worker: Worker,
         load: WorkerLoad,
         plan: Plan,
-        call: _Call,
-        interrupt: _Interrupt,
-        decision: _Decision,
+        call: WorkerCall,
+        interrupt: Interrupt,
+        decision: Decision,
         *,
         trace_headers: bytes = b"",
     ) -> Response | _Failure:
@@ -724,7 +378,7 @@ class Proxy:
                     settings.first_byte_timeout,
                     settings.idle_timeout,
                 )
-                source: _ChunkSource
+                source: ChunkSource
                 if call.reading is not None:
                     source = GenerateStream(response, call.reading, bounds, sent_at=response.sent_at)
                 else:
@@ -732,7 +386,7 @@ class Proxy:
                 first = await source.next_chunk()
                 headers = self._headers(response, worker, call)
                 relayed = True
-                return _RelayResponse(
+                return RelayResponse(
                     self, worker, load, plan, call, response, source, first, headers, decision
                 )
             stage = "body"
@@ -745,10 +399,10 @@ class Proxy:
             else:
                 answer = check_answer(response.status_code, content)
         except WorkerTransportError as exc:
-            self._finish(worker, load, plan, call, ok=False)
+            self.finish_attempt(worker, load, plan, call, ok=False)
             return self._failure(worker, exc, stage, plan)
         except asyncio.CancelledError:
-            self._finish(worker, load, plan, call, ok=False)
+            self.finish_attempt(worker, load, plan, call, ok=False)
             why = interrupt.take()
             if why == "lost":
                 where = "before the stream's first event" if stage == "stream" else "while answering"
@@ -757,23 +411,23 @@ class Proxy:
                 raise _ClientLeft from None
             raise  # a cancellation from elsewhere (shutdown)
         except BaseException:
-            self._finish(worker, load, plan, call, ok=False)
+            self.finish_attempt(worker, load, plan, call, ok=False)
             raise
         finally:
             worker.lost_watchers.discard(on_lost)
             if response is not None and not relayed:
                 response.close()  # reused when read to its end, else closed: the worker stops generating
         if response.status_code >= 500:
-            self._finish(worker, load, plan, call, ok=False)
+            self.finish_attempt(worker, load, plan, call, ok=False)
             return _Failure(f"answered {response.status_code}", self._full(response, content, worker, call))
-        self._finish(worker, load, plan, call, ok=response.status_code < 400)
+        self.finish_attempt(worker, load, plan, call, ok=response.status_code < 400)
         self.routing_metrics.answered(decision.routing, plan.target, answer_usage(answer))
         return self._full(response, content, worker, call)
 
     def _failure(self, worker: Worker, exc: WorkerTransportError, stage: str, plan: Plan) -> _Failure:
-        """What a failed attempt means for the client (`_client_error`), and for the worker's health: out of
-        the active set until its re-check, unless it answered right but too much."""
-        reason = _reason(exc)
+        """What a failed attempt means for the client (`worker_failures.client_error`), and for the worker's
+        health: out of the active set until its re-check, unless it answered right but too much."""
+        reason = failure_reason(exc)
         if stage == "head" and isinstance(exc, ReadTimeout):
             settings = self.pool.settings
             timeout, flag = (
@@ -782,13 +436,17 @@ class Proxy:
                 else (settings.request_timeout, "--request-timeout")
             )
             reason = f"sent no answer within {timeout:g} s ({flag})"
-        status, code = _client_error(exc)
+        status, code = client_error(exc)
         if not isinstance(exc, AnswerTooLarge) or exc.worker_fault:
             failed = "stream failed before its first event" if stage == "stream" else "request failed"
             self.pool.mark_failed(worker, f"{failed} ({reason})")
         return _Failure(reason, status=status, code=code, final=isinstance(exc, AnswerTooLarge))
 
-    def _finish(self, worker: Worker, load: WorkerLoad, plan: Plan, call: _Call, *, ok: bool) -> None:
+    def finish_attempt(
+        self, worker: Worker, load: WorkerLoad, plan: Plan, call: WorkerCall, *, ok: bool
+    ) -> None:
+        """One attempt on `worker` ended (a relayed stream's when the stream does): one request fewer on it, the
+        policy and the peer routers told, and the request counted when `ok`."""
         worker.active_requests -= 1
         self.policy_for(plan).on_complete(load, plan.target, ok)
         if self.sync is not None:
@@ -802,13 +460,13 @@ class Proxy:
                 )
             counter.inc()
 
-    def _full(self, response: WorkerResponse, content: bytes, worker: Worker, call: _Call) -> Response:
+    def _full(self, response: WorkerResponse, content: bytes, worker: Worker, call: WorkerCall) -> Response:
         return Response(
             content, status_code=response.status_code, headers=self._headers(response, worker, call)
         )
 
     @staticmethod
-    def _headers(response: WorkerResponse, worker: Worker, call: _Call) -> dict[str, str]:
+    def _headers(response: WorkerResponse, worker: Worker, call: WorkerCall) -> dict[str, str]:
         given = response.headers
         headers = {name: given[name] for name in _PASSED_HEADERS if name in given}
         if call.reading is not None:
@@ -823,218 +481,16 @@ class _ClientLeft(Exception):
     """The client closed its connection while its request waited for a worker."""
 
 
-class _Interrupt:
-    """Cancels the request's task when the client leaves or the worker it waits for is lost, and says which.
-
-    One object per request, made in the request's task: the client's disconnect watcher calls
-    `client_left`, a worker's failed health check calls `worker_lost` (registered in `Worker.lost_watchers`
-    while an attempt waits). The task then sees a CancelledError wherever it waits; `take` tells it whether the
-    cancellation was this object's (and why) or came from elsewhere (a shutdown), which must go on.
-
-    One cancellation per request instead of a task and an `asyncio.wait` around every await.
-    """
-
-    __slots__ = ("_armed", "_task", "left", "reason")
-
-    def __init__(self) -> None:
-        self._task: asyncio.Task[Any] | None = asyncio.current_task()
-        self._armed = True
-        self.reason: str | None = None
-        self.left = False  # the client left (remembered even when the task was being cancelled already)
-
-    def client_left(self) -> None:
-        self.left = True
-        self._cancel("client")
-
-    def worker_lost(self) -> None:
-        self._cancel("lost")
-
-    def _cancel(self, reason: str) -> None:
-        if self._armed and self.reason is None and self._task is not None:
-            self.reason = reason
-            self._task.cancel()
-
-    def take(self) -> str | None:
-        """After a CancelledError: this object's reason when it alone cancelled the task (the task is then not
-        cancelled any more), None when the cancellation came from elsewhere."""
-        reason, self.reason = self.reason, None
-        task = self._task
-        if reason is None or task is None:
-            return None
-        if sys.version_info >= (3, 11):
-            task.uncancel()
-            if task.cancelling():
-                return None  # cancelled from elsewhere as well
-        return reason
-
-    def disarm(self) -> None:
-        """Nothing may cancel the task any more (a cancellation already asked for is still `take`n)."""
-        self._armed = False
-
-
-# Its public name (tests drive one on its own); this module's code calls it `_Interrupt`.
-Interrupt = _Interrupt
-
-
-class _RelayResponse(StreamingResponse):
-    """A worker's stream, relayed to the client event by event as it arrives, never buffered.
-
-    A break after the first event — the connection lost, the event format broken, a bound passed, the worker
-    silent for `--idle-timeout` — ends it with an error event and `data: [DONE]` (the client already has part
-    of the answer, so it cannot be retried). A client that leaves ends it too, and so closes the worker's request (the worker
-    stops generating). However the response ends — even if it is never sent — `finish` releases the worker's
-    connection and ends the attempt, once.
-
-    Sent by its own `__call__`: one disconnect watcher task, rather than Starlette's task group of two tasks
-    around every stream.
-    """
-
-    def __init__(
-        self,
-        proxy: Proxy,
-        worker: Worker,
-        load: WorkerLoad,
-        plan: Plan,
-        call: _Call,
-        response: WorkerResponse,
-        source: _ChunkSource,
-        first: bytes | None,
-        headers: dict[str, str],
-        decision: _Decision,
-    ) -> None:
-        super().__init__(self._chunks(first), status_code=response.status_code, headers=headers)
-        self.proxy, self.worker, self.load, self.plan, self.response = proxy, worker, load, plan, response
-        self.call, self.source, self.decision = call, source, decision
-        self.span: Span | None = None  # the worker call's client span (`Proxy._traced_attempt`), ended here
-        self._done = False
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        interrupt = _Interrupt()
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, interrupt))
-        try:
-            await send(
-                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-            )
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            # Before the last message: once a response is complete, `receive` says "disconnect".
-            interrupt.disarm()
-            watcher.cancel()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if interrupt.take() != "client":
-                raise
-        except OSError:  # a server that raises when the client has gone (ASGI spec 2.4)
-            pass
-        finally:
-            interrupt.disarm()
-            watcher.cancel()
-            iterator = self.body_iterator
-            if isinstance(iterator, AsyncGenerator):
-                await iterator.aclose()
-            self.finish(ok=False)  # a no-op when the stream ended on its own
-
-    async def _chunks(self, first: bytes | None) -> AsyncIterator[bytes]:
-        ok = False
-        source, prefilled = self.source, False
-        try:
-            chunk = first
-            while chunk is not None:
-                if not prefilled and source.produced:  # the first output: the prompt's prefill is done
-                    prefilled = True
-                    self.proxy.policy_for(self.plan).on_first_token(self.load, self.plan.target)
-                    if self.proxy.sync is not None:
-                        self.proxy.sync.first_token(self.load, self.plan.target)
-                yield chunk
-                chunk = await source.next_chunk()
-            ok = True
-            self.proxy.routing_metrics.answered(self.decision.routing, self.plan.target, self.source.usage)
-        except WorkerTransportError as exc:
-            reason = _reason(exc)
-            if not isinstance(exc, AnswerTooLarge) or exc.worker_fault:
-                self.proxy.pool.mark_failed(self.worker, f"stream broke ({reason})")
-            log.warning("stream from %s ended early: %s", self.worker.url, reason)
-            message = (
-                f"the worker {self.worker.url} failed while streaming ({reason}); the answer is incomplete"
-            )
-            # A connection that broke keeps the code it always had (none); the worker's answer is the cause else.
-            code: str | None = _client_error(exc)[1]
-            code = None if code == NO_WORKER_CODE else code
-            yield sse_event(error_body(message, error_type="server_error", code=code)) + SSE_DONE
-        finally:
-            self.finish(ok=ok)
-
-    def finish(self, *, ok: bool) -> None:
-        if not self._done:
-            self._done = True
-            self.response.close()
-            self.proxy._finish(self.worker, self.load, self.plan, self.call, ok=ok)
-            if self.span is not None:
-                if not ok:
-                    self.span.set_attribute("tokenfront.stream_complete", False)
-                self.span.end()
-
-
-class _ChunkSource(Protocol):
-    """What a relayed stream reads: a worker's events as they arrive (`RelayedStream`), or a generate stream
-    derendered (`GenerateStream`); `usage` is the worker's usage object once an event carried one, `produced`
-    whether an event carried generated output yet."""
-
-    usage: Any
-    produced: bool
-
-    async def next_chunk(self) -> bytes | None: ...
-
-
-class _Decision(NamedTuple):
+class Decision(NamedTuple):
     """What the policy decided for one attempt, and how long its choice took (`routing_metrics`)."""
 
     routing: Routing
     seconds: float
 
 
-def _render_span(outcome: RenderOutcome) -> dict[str, Any]:
-    """The router's `render` span: the prompt ids it routes by (every prompt's), or why it has none."""
-    rendered = outcome.rendered
-    if rendered is None or rendered.prompts is None:
-        return {"tokenfront.render.outcome": outcome.reason or "no_render"}
-    return {
-        "tokenfront.render.outcome": "ok",
-        "tokenfront.prompts": len(rendered.prompts),
-        PROMPT_TOKENS: sum(len(prompt.token_ids) for prompt in rendered.prompts),
-    }
-
-
 def _is_stream(headers: dict[str, str]) -> bool:
     return headers.get("content-type", "").startswith("text/event-stream")
 
 
-def _reason(exc: WorkerTransportError) -> str:
-    """Why an attempt failed, for messages: the router's own words for an answer that is bad, late or too
-    large (they follow the worker's URL), else the error's name and message."""
-    message = str(exc).strip()
-    if message and isinstance(exc, (BadAnswer, AnswerTooLarge, ReadTimeout, WriteTimeout)):
-        return message
-    return describe_error(exc)
-
-
-def _client_error(exc: WorkerTransportError) -> tuple[int, str]:
-    """The status and code of a failure for the client: 502 for an answer that is not the route's or is too
-    large, 504 for a worker too slow, 503 for one that could not be reached or whose connection broke."""
-    if isinstance(exc, AnswerTooLarge):
-        return 502, WORKER_RESPONSE_TOO_LARGE_CODE
-    if isinstance(exc, BadAnswer):
-        return 502, BAD_WORKER_RESPONSE_CODE
-    if isinstance(exc, (ReadTimeout, WriteTimeout)):
-        return 504, WORKER_TIMEOUT_CODE
-    return 503, NO_WORKER_CODE
-
-
 def _flag(value: bool) -> str:
     return "true" if value else "false"
-
-
-async def _watch_disconnect(receive: Receive, interrupt: _Interrupt) -> None:
-    """Tell `interrupt` when the client closes the connection."""
-    await wait_for_disconnect(receive)
-    interrupt.client_left()

@@ -44,7 +44,8 @@ import zmq.asyncio
 
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.router.policies.base import Policy, RouteRequest, SharedLoad, WorkerLoad
-from tokenfront.router.workers import Worker, WorkerPool
+from tokenfront.router.worker import Worker
+from tokenfront.router.worker_pool import WorkerPool
 from tokenfront.server.tasks import cancel_and_wait
 
 __all__ = ["DEFAULT_HEARTBEAT", "DEFAULT_PEER_TIMEOUT", "ReplicaSync"]

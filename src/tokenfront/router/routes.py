@@ -23,19 +23,14 @@ from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.model_group import ModelGroup
 from tokenfront.router.proxy import Proxy
+from tokenfront.router.worker import Worker
 from tokenfront.router.worker_allow import WorkerAllowList
-from tokenfront.router.workers import (
-    DuplicateWorker,
-    RouterItself,
-    Worker,
-    WorkerPool,
-    WorkerReport,
-    WorkerSpec,
-    check_kv_endpoint,
-    normalize_url,
-)
+from tokenfront.router.worker_pool import DuplicateWorker, RouterItself, WorkerPool
+from tokenfront.router.worker_report import WorkerReport
+from tokenfront.router.worker_spec import WorkerSpec
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute
+from tokenfront.server_address import check_kv_endpoint, normalize_url
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +45,12 @@ def inference_router() -> APIRouter:
     @router.post("/v1/chat/completions", summary="Chat completion, routed to a worker")
     async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
         proxy: Proxy = raw.app.state.proxy
-        return await proxy.send_watching(await proxy.plan_chat(request, raw), raw)
+        return await proxy.send_watching(await proxy.planner.plan_chat(request, raw), raw)
 
     @router.post("/v1/completions", summary="Text completion, routed to a worker")
     async def completions(request: CompletionRequest, raw: Request) -> Response:
         proxy: Proxy = raw.app.state.proxy
-        return await proxy.send_watching(await proxy.plan_completion(request, raw), raw)
+        return await proxy.send_watching(await proxy.planner.plan_completion(request, raw), raw)
 
     return router
 

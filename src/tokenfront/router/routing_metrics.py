@@ -27,7 +27,8 @@ from prometheus_client.registry import Collector
 from tokenfront.router.policies.base import Policy, RouteRequest, Routing
 
 if TYPE_CHECKING:
-    from tokenfront.router.workers import Worker, WorkerPool
+    from tokenfront.router.worker import Worker
+    from tokenfront.router.worker_pool import WorkerPool
 
 __all__ = ["RoutingMetrics", "answer_usage"]
 

@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfront.router.fleet_blocks import FleetBlocks, Removed, Stored
+from tokenfront.router.block_changes import Removed, Stored
+from tokenfront.router.fleet_blocks import FleetBlocks
 
 __all__ = ["TokenfrontFeed"]
 

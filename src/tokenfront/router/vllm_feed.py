@@ -22,8 +22,9 @@ import numpy as np
 import xxhash
 
 from tokenfront.core.kv_blocks import next_block_hash, root_hash
+from tokenfront.router.block_changes import Location, Removed, Stored
 from tokenfront.router.block_table import BlockTable
-from tokenfront.router.fleet_blocks import FleetBlocks, Location, Removed, Stored
+from tokenfront.router.fleet_blocks import FleetBlocks
 from tokenfront.router.vllm_events import (
     ForeignHash,
     VllmAllBlocksCleared,

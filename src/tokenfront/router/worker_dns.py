@@ -32,7 +32,7 @@ import dns.resolver
 
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.router.worker_sources import SourceUnavailable
-from tokenfront.router.workers import PROTOCOLS, VERIFY_MODES, WorkerSpec
+from tokenfront.router.worker_spec import WorkerSpec, option_problem
 from tokenfront.server_address import WorkerAddress, normalize_url
 
 __all__ = ["RESOLVE_TIMEOUT", "DnsServer", "DnsWorkers", "WorkerDns", "make_resolver"]
@@ -115,15 +115,9 @@ def _is_address(text: str) -> bool:
 def _option_problem(key: str, value: str, found: dict[str, str]) -> str | None:
     if key in found:
         return f"{key} given twice"
-    if key == "protocol":
-        return None if value in PROTOCOLS else f"protocol must be {' or '.join(PROTOCOLS)}, not {value!r}"
-    if key == "verify":
-        return None if value in VERIFY_MODES else f"verify must be {' or '.join(VERIFY_MODES)}, not {value!r}"
-    if key == "model":
-        return None if value else "model needs a value (one of the router's served model names)"
     if key in ("kv-events", "kv-replay"):
         return f"{key} names one worker's ZMQ endpoint, and a DNS name has many workers"
-    return f"unknown option {key!r}"
+    return option_problem(key, value)  # protocol, verify and model as in a --worker spec
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokenfront.core.errors import TokenfrontError
 from tokenfront.router.worker_sources import SourceUnavailable
-from tokenfront.router.workers import WorkerSpec
+from tokenfront.router.worker_spec import WorkerSpec
 from tokenfront.server_address import worker_identity
 
 __all__ = ["MAX_FILE_BYTES", "FileLines", "WorkerFile", "parse_worker_lines"]

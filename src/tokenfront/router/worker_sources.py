@@ -24,16 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from tokenfront.router.worker import Worker
 from tokenfront.router.worker_allow import WorkerAllowList
-from tokenfront.router.workers import (
-    DuplicateWorker,
-    RouterItself,
-    Worker,
-    WorkerPool,
-    WorkerSpec,
-    worker_identity,
-)
+from tokenfront.router.worker_pool import DuplicateWorker, RouterItself, WorkerPool
+from tokenfront.router.worker_spec import WorkerSpec
 from tokenfront.server.tasks import cancel_and_wait
+from tokenfront.server_address import worker_identity
 
 __all__ = [
     "DEFAULT_INTERVAL",
