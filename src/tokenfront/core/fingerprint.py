@@ -17,7 +17,9 @@ from typing import Any
 
 from tokenfront.core.tokenizer_files import (
     has_vocabulary,
+    is_library_tokenizer,
     release_freed_memory,
+    tokenizer_class_name,
     tokenizer_json,
     tokenizer_source_file,
 )
@@ -286,9 +288,7 @@ def prefetch_tokenizer_hashes(tokenizer: Any) -> None:
     backend, releases the GIL for about as long, so they overlap. `tokenizer_components` takes the result
     (once), and computes it itself when nothing was prefetched or the tokenizer changed since.
     """
-    if getattr(tokenizer, "_tokenizer", None) is None or not type(tokenizer).__module__.startswith(
-        "transformers."
-    ):
+    if getattr(tokenizer, "_tokenizer", None) is None or not is_library_tokenizer(tokenizer):
         return
     serialized = tokenizer_json(tokenizer)
     if serialized is None:
@@ -346,7 +346,8 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
     compared (`tokenizer_files.tokenizer_source_file` tells it, for `info`).
 
     Complete (no reasons) when both hold:
-    - the class is transformers' own, not code loaded with `--trust-remote-code`;
+    - the class is transformers' own (or built as transformers builds it: `direct_tokenizer`), not code loaded
+      with `--trust-remote-code`;
     - the encoding model is hashed: a Rust model, or for a class in `_FILE_MODEL_CLASSES` (mistral-common's
       tokenizer under transformers, which has no Rust model) the file it was loaded from, found and read.
     Otherwise incomplete: a tokenizer with neither (e.g. a Python SentencePiece tokenizer without a fast
@@ -354,15 +355,15 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
     """
 
     incomplete: list[str] = []
-    cls = type(tokenizer)
-    if not cls.__module__.startswith("transformers."):
-        incomplete.append(f"tokenizer class {cls.__name__} is code loaded with --trust-remote-code")
+    name = tokenizer_class_name(tokenizer)
+    if not is_library_tokenizer(tokenizer):
+        incomplete.append(f"tokenizer class {name} is code loaded with --trust-remote-code")
     backend = getattr(tokenizer, "_tokenizer", None)
     source = tokenizer_source_file(tokenizer)
     model_file = _sha256_file(source) if source is not None and source.name != "tokenizer.json" else None
     model_hash: str | None = None
     vocab_hash: str | None = None
-    file_model = backend is None and cls.__name__ in _FILE_MODEL_CLASSES
+    file_model = backend is None and name in _FILE_MODEL_CLASSES
     if backend is not None:
         prefetched = _take_prefetched(tokenizer)
         if prefetched is not None:
@@ -375,11 +376,11 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
         model_hash = model_file
         vocab_hash = sha256_json(sorted(tokenizer.get_vocab().items()))
     elif file_model:
-        incomplete.append(f"tokenizer {cls.__name__}: the file it was loaded from was not found")
+        incomplete.append(f"tokenizer {name}: the file it was loaded from was not found")
     else:
-        incomplete.append(f"tokenizer {cls.__name__} has no serialisable model (tokenizer.json)")
+        incomplete.append(f"tokenizer {name} has no serialisable model (tokenizer.json)")
     components = {
-        "class": cls.__name__,
+        "class": name,
         "model": model_hash,
         "model_file": model_file,
         "vocab": vocab_hash,

@@ -120,14 +120,26 @@ class RenderPipeline:
         }
 
     @classmethod
-    def load(cls, options: RenderOptions, *, build_backend_in_background: bool = False) -> RenderPipeline:
-        """Load the checkpoint named in the options (tokenizer, config, template; never weights)."""
+    def load(
+        cls,
+        options: RenderOptions,
+        *,
+        build_backend_in_background: bool = False,
+        transformers_tokenizer: bool = False,
+    ) -> RenderPipeline:
+        """Load the checkpoint named in the options (tokenizer, config, template; never weights).
+
+        The tokenizer is transformers' own object when `transformers_tokenizer` (a worker running the model
+        with transformers) or `--tokenizer-backend transformers` asks for it; otherwise, where tokenfront knows
+        how transformers builds the tokenizer's class, it is built without importing transformers
+        (`core/direct_tokenizer.py`: the same tokenizer, the same ids and fingerprint)."""
         checkpoint = load_checkpoint(
             options.model,
             tokenizer=options.tokenizer,
             chat_template=options.chat_template,
             trust_remote_code=options.trust_remote_code,
             tokenizer_mode=options.tokenizer_mode,
+            transformers_tokenizer=transformers_tokenizer or options.tokenizer_backend == "transformers",
         )
         if checkpoint.tokenizer_mode != "mistral":
             # Hashing holds the GIL; building the fast backend next releases it: on two cores they overlap.

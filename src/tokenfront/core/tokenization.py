@@ -33,7 +33,12 @@ from dataclasses import dataclass
 from operator import add
 from typing import Any, Literal, Protocol
 
-from tokenfront.core.tokenizer_files import forget_tokenizer_json, release_freed_memory, tokenizer_json
+from tokenfront.core.tokenizer_files import (
+    forget_tokenizer_json,
+    is_library_tokenizer,
+    release_freed_memory,
+    tokenizer_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -150,9 +155,7 @@ def _splits_special_tokens(tokenizer: Any) -> bool:
 
 def _has_rust_model(tokenizer: Any) -> bool:
     # Classes from outside transformers (--trust-remote-code) may override encoding in Python: use them as is.
-    return getattr(tokenizer, "_tokenizer", None) is not None and type(tokenizer).__module__.startswith(
-        "transformers."
-    )
+    return getattr(tokenizer, "_tokenizer", None) is not None and is_library_tokenizer(tokenizer)
 
 
 # -- where a prompt may be cut -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""What start-up reads off a loaded transformers tokenizer: whether it has a vocabulary, its tokenizer.json
-(serialized once, shared by the fast backends and the fingerprint), the file it was built from; and handing the
-memory start-up freed back to the system. A leaf of the core: `core.checkpoint`, `core.tokenization` and
-`core.fingerprint` all read it.
+"""What start-up reads off a loaded tokenizer (transformers', or a `DirectTokenizer` built as transformers builds
+one): its class, whether transformers implements it, whether it has a vocabulary, its tokenizer.json (serialized
+once, shared by the fast backends and the fingerprint), the file it was built from; and handing the memory
+start-up freed back to the system. Read by `core.checkpoint`, `core.tokenization` and `core.fingerprint`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,31 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from tokenfront.core.direct_tokenizer import DirectTokenizer
+
 __all__ = [
     "forget_tokenizer_json",
     "has_vocabulary",
+    "is_library_tokenizer",
     "release_freed_memory",
+    "tokenizer_class_name",
     "tokenizer_json",
     "tokenizer_source_file",
 ]
+
+
+def tokenizer_class_name(tokenizer: Any) -> str:
+    """The transformers class of a tokenizer: its own, or for a `DirectTokenizer` the one transformers builds."""
+    return (
+        tokenizer.transformers_class if isinstance(tokenizer, DirectTokenizer) else type(tokenizer).__name__
+    )
+
+
+def is_library_tokenizer(tokenizer: Any) -> bool:
+    """Whether transformers implements the tokenizer (its own class, or a `DirectTokenizer` built as transformers
+    builds that class), rather than code shipped with the checkpoint (--trust-remote-code), which may override
+    anything."""
+    return isinstance(tokenizer, DirectTokenizer) or type(tokenizer).__module__.startswith("transformers.")
 
 
 def has_vocabulary(tokenizer: Any) -> bool:
