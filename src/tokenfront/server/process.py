@@ -165,6 +165,7 @@ def run_server(
         # a factory works as a class does.
         loop="auto",
         http=cast("type[asyncio.Protocol]", bounded_protocol(limits, direct)),
+        ws="none",  # no WebSocket route: uvicorn then imports no WebSocket library at start-up
         **(tls.uvicorn_options() if tls is not None else {}),
     )
     adopt_library_handlers()  # the checkpoint's libraries are imported by now
