@@ -3,8 +3,9 @@
 Launches `tokenfront render` on a checkpoint as `make demo-render` starts it (`--served-model-name Qwen3-0.6B
 --reasoning-parser qwen3` on the Qwen3 fixture; this interpreter, `python -m tokenfront.cli`) `--runs` times,
 one process at a time, each on a free loopback port. Per run: the seconds from the launch to the first 200 on
-/health (polled every 10 ms), then, `--idle-seconds` later and before any request, VmRSS and VmHWM (the peak)
-from /proc. With `--vllm-rs VENV|BINARY`, vLLM's Rust renderer (`vllm-rs render CKPT`) is launched the same
+/health (polled every 10 ms), then, `--idle-seconds` later and once the process is idle (under 0.05 cores for
+0.5 s: the work a server does after it answers, such as building its fast tokenizer, is over), before any
+request, VmRSS and VmHWM (the peak) from /proc, and when that was (settled after). With `--vllm-rs VENV|BINARY`, vLLM's Rust renderer (`vllm-rs render CKPT`) is launched the same
 way, alternating with tokenfront run by run, so both see the same machine.
 
 It reports the minimum and the median of each figure, the commit (with `+` when the tree has changes) and how
@@ -69,7 +70,12 @@ def _one_run(server: Server, idle_seconds: float) -> dict[str, Any]:
     try:
         wait_healthy([server], timeout=120, interval=0.01)
         time.sleep(idle_seconds)
-        return {"healthy_after_s": round(server.healthy_after or 0.0, 3), **_memory(server.pid)}
+        server.wait_settled()
+        return {
+            "healthy_after_s": round(server.healthy_after or 0.0, 3),
+            "settled_after_s": round(server.settled_after or 0.0, 2),
+            **_memory(server.pid),
+        }
     finally:
         stop_all([server])
 
@@ -80,6 +86,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "runs": len(runs),
         "healthy_after_s": {"min": min(healthy), "median": statistics.median(healthy)},
+        "settled_after_s": {"median": statistics.median(run["settled_after_s"] for run in runs)},
         "idle_rss_mib": {"min": round(min(rss) / MIB), "median": round(statistics.median(rss) / MIB)},
         "peak_rss_mib": round(max(run["peak_bytes"] for run in runs) / MIB),
         "each": runs,
@@ -126,8 +133,8 @@ def _our_cpu() -> float:
 
 def _print(report: dict[str, Any]) -> None:
     print(
-        f"start-up of `{' '.join(report['command'])}` on {report['commit']}, {report['idle_seconds']:g} s idle "
-        f"before reading memory; load average {report['load_average']['before']} -> "
+        f"start-up of `{' '.join(report['command'])}` on {report['commit']}, memory read {report['idle_seconds']:g} "
+        f"s after /health and once idle; load average {report['load_average']['before']} -> "
         f"{report['load_average']['after']}, other processes kept {report['other_busy_cores']} cores busy"
     )
     if report["other_busy_cores"] > 0.2:
@@ -138,7 +145,8 @@ def _print(report: dict[str, Any]) -> None:
         summary = report[name]
         print(
             f"  {name + ':':<11} {summary['runs']} runs, healthy after {summary['healthy_after_s']['min']:.2f} s "
-            f"(median {summary['healthy_after_s']['median']:.2f} s); idle RSS {summary['idle_rss_mib']['min']} MB "
+            f"(median {summary['healthy_after_s']['median']:.2f} s), settled after "
+            f"{summary['settled_after_s']['median']:.2f} s (median); idle RSS {summary['idle_rss_mib']['min']} MB "
             f"(median {summary['idle_rss_mib']['median']} MB), peak {summary['peak_rss_mib']} MB"
         )
 

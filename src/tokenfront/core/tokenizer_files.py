@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,10 @@ def has_vocabulary(tokenizer: Any) -> bool:
     return any(token_id not in special for token_id in vocab.values())
 
 
-# Serialized Rust tokenizers, by transformers tokenizer; see `tokenizer_json`.
+# Serialized Rust tokenizers, by transformers tokenizer; see `tokenizer_json`. The lock makes a second thread
+# asking meanwhile (the backend build, the fingerprint) wait for the first one's string instead of serializing.
 _TOKENIZER_JSON: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], str]] = weakref.WeakKeyDictionary()
+_SERIALIZING = threading.Lock()
 
 
 def tokenizer_json(tokenizer: Any, *, keep: bool = True) -> str | None:
@@ -72,16 +75,17 @@ def tokenizer_json(tokenizer: Any, *, keep: bool = True) -> str | None:
     if rust is None:
         return None
     key = (id(rust), len(tokenizer))
-    try:
-        cached = _TOKENIZER_JSON.get(tokenizer)
-    except TypeError:  # not weak-referenceable or not hashable: no cache
-        return str(rust.to_str())
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    text = str(rust.to_str())
-    if keep:
-        _TOKENIZER_JSON[tokenizer] = (key, text)
-    return text
+    with _SERIALIZING:
+        try:
+            cached = _TOKENIZER_JSON.get(tokenizer)
+        except TypeError:  # not weak-referenceable or not hashable: no cache
+            return str(rust.to_str())
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        text = str(rust.to_str())
+        if keep:
+            _TOKENIZER_JSON[tokenizer] = (key, text)
+        return text
 
 
 def release_freed_memory() -> None:
@@ -105,7 +109,7 @@ _MALLOC_TRIM: Any = None
 
 def forget_tokenizer_json(tokenizer: Any) -> None:
     """Drop the cached serialization (tens of MB) once start-up no longer needs it."""
-    with contextlib.suppress(TypeError):  # not weak-referenceable: never cached
+    with _SERIALIZING, contextlib.suppress(TypeError):  # not weak-referenceable: never cached
         _TOKENIZER_JSON.pop(tokenizer, None)
 
 
