@@ -157,15 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--checkpoint", default="qwen3", choices=sorted(fixtures.CHECKPOINTS))
     parser.add_argument("--runs", type=int, default=5, help="launches of each server (default: 5)")
-    parser.add_argument(
-        "--idle-seconds",
-        type=float,
-        default=2.0,
-        help="wait after /health before reading memory (default: 2)",
-    )
-    parser.add_argument(
-        "--vllm-rs", help="vLLM's Rust renderer too: the vllm-rs binary, or a venv holding vllm"
-    )
+    parser.add_argument("--idle-seconds", type=float, default=2.0, help="seconds after /health (default: 2)")
+    parser.add_argument("--vllm-rs", help="vLLM's Rust renderer too: its binary, or a venv holding vllm")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     report = run(args)

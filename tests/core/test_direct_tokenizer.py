@@ -175,18 +175,10 @@ def _flag_token(content: str, **flags: bool) -> Callable[[dict[str, Any]], None]
 
 
 def _new_added_token(token_id: str, content: str, **flags: bool) -> Callable[[dict[str, Any]], None]:
-    def edit(data: dict[str, Any]) -> None:
-        data["added_tokens_decoder"][token_id] = {
-            "content": content,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-            **flags,
-        }
-
-    return edit
+    """An added token in added_tokens_decoder: special, every other flag off, unless `flags` say otherwise."""
+    off = dict.fromkeys(("lstrip", "normalized", "rstrip", "single_word"), False)
+    token = {"content": content, **off, "special": True, **flags}
+    return lambda data: data["added_tokens_decoder"].update({token_id: token})
 
 
 def _no_post_processor(data: dict[str, Any]) -> None:

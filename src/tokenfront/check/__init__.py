@@ -11,12 +11,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tokenfront.check.compare import Verdict
     from tokenfront.check.run import (
         EXIT_AGREE,
         EXIT_DIFFER,
         EXIT_INCOMPLETE,
         CheckSettings,
-        Verdict,
         exit_code,
         run_check,
     )
@@ -33,7 +33,7 @@ __all__ = [
 
 # Loaded on first use: the CLI imports `check.command` (its parser) for every command, and a renderer starting
 # up must not import the HTTP client this package runs on.
-_LAZY = dict.fromkeys(__all__, "tokenfront.check.run")
+_LAZY = {**dict.fromkeys(__all__, "tokenfront.check.run"), "Verdict": "tokenfront.check.compare"}
 
 
 def __getattr__(name: str) -> Any:

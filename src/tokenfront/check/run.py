@@ -22,7 +22,6 @@ __all__ = [
     "EXIT_DIFFER",
     "EXIT_INCOMPLETE",
     "CheckSettings",
-    "Verdict",
     "exit_code",
     "run_check",
 ]

@@ -81,6 +81,11 @@ class DirectTokenizer:
     """What tokenfront reads of a transformers tokenizer, over the `tokenizers.Tokenizer` transformers would
     run, built by `load_direct`. `transformers_class` is the class transformers would have made."""
 
+    # So for every tokenizer `load_direct` builds (it leaves the others to transformers).
+    split_special_tokens = False
+    add_bos_token = False
+    add_eos_token = False
+
     def __init__(
         self,
         rust: Any,
@@ -94,13 +99,14 @@ class DirectTokenizer:
         self._tokenizer = rust
         self.transformers_class = transformers_class
         self.name_or_path = str(folder)
-        self.init_kwargs: dict[str, Any] = {}
         self._special_tokens = special_tokens  # name -> str or AddedToken, None when unset (named ones first)
         self._extra_special_tokens = extra_special_tokens
         self.model_max_length = model_max_length
-        self.split_special_tokens = False
-        self.add_bos_token = False
-        self.add_eos_token = False
+
+    @property
+    def init_kwargs(self) -> dict[str, Any]:
+        """None of transformers' loading arguments (no `vocab_file`: the tokenizer comes from tokenizer.json)."""
+        return {}
 
     def __repr__(self) -> str:
         return f"DirectTokenizer({self.transformers_class}, {self.name_or_path!r}, {len(self)} tokens)"
