@@ -10,7 +10,7 @@ RENDER_PORT ?= 8100
 
 .PHONY: install install-test fixtures demo demo-render test test-fast lint format bench bench-http bench-router \
 	bench-prefill bench-routing bench-robustness bench-kv-decision bench-connections bench-health-latency \
-	bench-simulated-fleet bench-fleet peer-vllm compare-vllm compare-vllm-protocol compare-vllm-kv-events clean
+	bench-simulated-fleet bench-fleet bench-startup peer-vllm compare-vllm compare-vllm-protocol compare-vllm-kv-events clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -121,6 +121,12 @@ bench-kv-decision: install-test
 bench-connections: install-test
 	$(BIN)/tokenfront fixtures --only qwen3
 	$(BIN)/python -m benchmarks.connections
+
+# `tokenfront render` launched as `make demo-render` starts it: seconds to a 200 on /health and idle RSS, beside
+# vLLM's Rust renderer when `make peer-vllm` ran.
+bench-startup: install-test
+	$(BIN)/tokenfront fixtures --only qwen3
+	$(BIN)/python -m benchmarks.startup --runs 5 $(if $(wildcard $(VLLM_PEER)/bin/vllm),--vllm-rs $(VLLM_PEER))
 
 # /health latency while the largest request each limit allows is served (renderer, worker, router).
 bench-health-latency: install-test

@@ -83,7 +83,7 @@ from benchmarks.servers import (
     machine_cpu_seconds,
     machine_interrupt_seconds,
     stop_all,
-    vllm_rs_binary,
+    vllm_rs_option,
     wait_healthy,
     wait_quiet,
 )
@@ -742,7 +742,7 @@ def _launch_peers(
         )
         peers["vllm"].command_extra, peers["vllm"].version = vllm_args, _vllm_version(venv)
     if args.vllm_rs is not None:
-        binary = _vllm_rs(args.vllm_rs)
+        binary = vllm_rs_option(args.vllm_rs)
         rs_args = [*_tool_arguments(args.tool_call_parser, vllm=False), *args.vllm_rs_arg]
         peers["vllm-rs"] = launch_vllm_rs(
             binary, folder, log_dir=log_dir, extra_args=rs_args, cpus=layout.server_cpus(1)
@@ -754,17 +754,6 @@ def _launch_peers(
         peer.wait_settled()
         peer.idle_memory = peer.memory()
     return peers
-
-
-def _vllm_rs(value: str) -> Path:
-    """``--vllm-rs``: the binary itself, or a venv holding vllm (its ``site-packages/vllm/vllm-rs``)."""
-    path = Path(value).expanduser()
-    if path.is_file():
-        return path
-    binary = vllm_rs_binary(path)
-    if binary is None:
-        raise RuntimeError(f"--vllm-rs {value}: neither the vllm-rs binary nor a venv holding vllm")
-    return binary
 
 
 def _vllm_rs_version(binary: Path) -> str:

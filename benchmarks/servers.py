@@ -149,6 +149,17 @@ def vllm_rs_binary(venv: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def vllm_rs_option(value: str) -> Path:
+    """``--vllm-rs``: the binary itself, or a venv holding vllm (its ``site-packages/vllm/vllm-rs``)."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path
+    binary = vllm_rs_binary(path)
+    if binary is None:
+        raise RuntimeError(f"--vllm-rs {value}: neither the vllm-rs binary nor a venv holding vllm")
+    return binary
+
+
 def launch_vllm_rs(
     binary: Path,
     model: str,

@@ -15,7 +15,6 @@ from tokenfront import RenderOptions, RenderPipeline, fixtures
 from tokenfront.core.fingerprint import (
     Fingerprint,
     canonical_json,
-    prefetch_tokenizer_hashes,
     sha256_text,
     tokenizer_components,
 )
@@ -39,6 +38,14 @@ def _edit_json(path: Path, edit: object) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     edit(data)  # type: ignore[operator]
     path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
+def test_computed_on_first_use(qwen3: Path) -> None:
+    pipeline = _pipeline(qwen3)
+    assert not pipeline.fingerprint_ready()
+    assert pipeline.wait_until_ready(timeout=0)  # nothing is being computed: nothing to wait for
+    digest = pipeline.fingerprint.digest
+    assert pipeline.fingerprint_ready() and pipeline.fingerprint.digest == digest
 
 
 def test_published_shape(qwen3_pipeline: RenderPipeline) -> None:
@@ -242,10 +249,7 @@ def _hashes(components: dict[str, Any]) -> dict[str, str]:
 def test_tokenizer_hashes_equal_the_stdlib_ones(name: str, checkpoint: Any) -> None:
     # As hf mode loads it (a tekken.json-only folder converted, not mistral-common's tokenizer).
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint(name)), mistral_format=False)
-    expected = _stdlib_tokenizer_hashes(tokenizer)
-    assert _hashes(tokenizer_components(tokenizer)[0]) == expected  # computed on the spot
-    prefetch_tokenizer_hashes(tokenizer)
-    assert _hashes(tokenizer_components(tokenizer)[0]) == expected  # taken from the background thread
+    assert _hashes(tokenizer_components(tokenizer)[0]) == _stdlib_tokenizer_hashes(tokenizer)
 
 
 def _synthetic_tokenizer(model: str) -> Any:

@@ -15,16 +15,46 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tokenfront")
 
+# The command's texts, here rather than in the package: building the CLI's parser (every command's start-up)
+# then imports no HTTP client.
+HELP = "before adding a worker: compare its rendering with the renderer's (fingerprints and a probe corpus)"
+
+DESCRIPTION = """\
+Compare every --worker with the --renderer: fetch each server's GET /server_info, compare the rendering
+fingerprints component by component (chat template, tokenizer vocabulary, added tokens, model type, ...), and
+render a built-in corpus of 7 requests (system prompt, multi-turn, tools, tool-call history, unicode, a text
+completion, a continued assistant message; the router's verify=probe corpus) with POST /tokenize on every
+server that has it, comparing the ids case by case. Prints a table, then one line per worker naming what
+differs and the first differing case.
+
+A worker agrees when nothing differs and something was shown:
+  - both publish a complete fingerprint and they are equal (the corpus's ids, where compared, equal too);
+    a plain `tokenfront serve` has no /tokenize (TOKENFRONT_ENABLE_RENDER_ENDPOINTS=1 mounts it): it is
+    compared by its fingerprint only, and the report says the ids were not compared;
+  - it publishes no fingerprint (vLLM) but has POST /tokenize: agreement on the corpus only, said as such
+    (a router forwards ids to such a worker only with verify=probe).
+It differs when a fingerprint component differs, a fingerprint is incomplete (a server started with
+--trust-remote-code), a case's ids differ, or it refuses a case the renderer rendered. A worker with neither a
+fingerprint nor /tokenize is not shown to agree. A case the renderer refuses is skipped and not asked of the
+workers."""
+
+EPILOG = """\
+A client of the servers' HTTP APIs: it loads no model and never imports torch.
+
+exit codes:
+  0  every worker agrees with the renderer
+  1  some worker differs, or is not shown to agree (whatever the others are)
+  2  no worker differs, but some server could not be checked (unreachable, timed out, a key refused, not a
+     tokenfront or vLLM server), or a mistake on the command line"""
+
 
 def add_check_command(commands: Any) -> None:
     """`tokenfront check`'s parser."""
-    from tokenfront import check
-
     parser = commands.add_parser(
         "check",
-        help=check.HELP,
-        description=check.DESCRIPTION,
-        epilog=check.EPILOG,
+        help=HELP,
+        description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(

@@ -14,6 +14,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from tokenfront.core.direct_tokenizer import load_direct
 from tokenfront.core.errors import CheckpointError
 from tokenfront.core.tokenizer_files import has_vocabulary
 
@@ -87,7 +88,7 @@ class Checkpoint:
     model_path: Path | None
     tokenizer_path: Path | None
     config: dict[str, Any]
-    tokenizer: Any  # a transformers tokenizer (PreTrainedTokenizerBase)
+    tokenizer: Any  # a transformers tokenizer (PreTrainedTokenizerBase), or a DirectTokenizer built as one
     chat_templates: ChatTemplateSource | None
     processor: dict[str, Any] | None
     generation_config: dict[str, Any] = field(default_factory=dict)
@@ -288,11 +289,27 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def load_tokenizer(folder: Path, *, trust_remote_code: bool) -> Any:
-    """Load the tokenizer with transformers (no torch needed), the reference every rendered id is checked against.
+def load_tokenizer(folder: Path, *, trust_remote_code: bool, with_transformers: bool = False) -> Any:
+    """Load the tokenizer transformers loads for `folder`, the reference every rendered id is checked against:
+    built directly with `tokenizers` where `direct_tokenizer` knows how transformers builds its class (the same
+    tokenizer, without importing transformers: a second less at start-up), else with transformers itself (no
+    torch needed); `with_transformers`: always with transformers (a worker whose model and grammar read
+    transformers' own tokenizer object).
 
     `RenderPipeline.load` then starts hashing it for the fingerprint (`fingerprint.prefetch_tokenizer_hashes`).
     """
+    tokenizer = None if with_transformers else load_direct(folder)
+    if tokenizer is None:
+        tokenizer = _transformers_tokenizer(folder, trust_remote_code=trust_remote_code)
+    if not has_vocabulary(tokenizer):
+        raise CheckpointError(
+            f"the tokenizer in {folder} has no vocabulary (only special tokens): its tokenizer files are missing "
+            "or empty; pass the checkpoint folder that has tokenizer.json, or name it with --tokenizer"
+        )
+    return tokenizer
+
+
+def _transformers_tokenizer(folder: Path, *, trust_remote_code: bool) -> Any:
     from transformers import AutoTokenizer
 
     try:
@@ -308,11 +325,6 @@ def load_tokenizer(folder: Path, *, trust_remote_code: bool) -> Any:
         raise CheckpointError(
             f"cannot load a tokenizer from {folder}: {type(exc).__name__}: {_one_line(str(exc))}{hint}"
         ) from exc
-    if not has_vocabulary(tokenizer):
-        raise CheckpointError(
-            f"the tokenizer in {folder} has no vocabulary (only special tokens): its tokenizer files are missing "
-            "or empty; pass the checkpoint folder that has tokenizer.json, or name it with --tokenizer"
-        )
     return tokenizer
 
 
@@ -328,8 +340,10 @@ def load_checkpoint(
     chat_template: str | None = None,
     trust_remote_code: bool = False,
     tokenizer_mode: str = "auto",
+    transformers_tokenizer: bool = False,
 ) -> Checkpoint:
-    """Load everything rendering needs from a checkpoint (and an optional separate tokenizer)."""
+    """Load everything rendering needs from a checkpoint (and an optional separate tokenizer);
+    `transformers_tokenizer`: the tokenizer loaded by transformers itself (see `load_tokenizer`)."""
     from tokenfront.core.families import mistral  # imported here: families import this module
 
     if model is None and tokenizer is None:
@@ -357,7 +371,9 @@ def load_checkpoint(
         loaded = mistral.load_tokenizer(tokenizer_path)
     else:
         check_tokenizer_files(tokenizer_path, tokenizer_config=tokenizer_config)
-        loaded = load_tokenizer(tokenizer_path, trust_remote_code=trust_remote_code)
+        loaded = load_tokenizer(
+            tokenizer_path, trust_remote_code=trust_remote_code, with_transformers=transformers_tokenizer
+        )
     templates = load_chat_templates(tokenizer_path, chat_template)
     if templates is None and model_path is not None and model_path != tokenizer_path:
         templates = load_chat_templates(model_path, None)

@@ -1,23 +1,22 @@
 """The rendering fingerprint (docs/contract.md §5): what decides the ids, hashed, so two processes can prove they agree.
 
 `compared` holds every component that can change rendered ids and nothing else (no paths, names, ports or
-tokenizer backend); `digest` is the sha256 of its canonical JSON. Computed once at start-up.
+tokenizer backend); `digest` is the sha256 of its canonical JSON. Computed once per pipeline, on first use.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import threading
-import weakref
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from typing import Any
 
 from tokenfront.core.tokenizer_files import (
     has_vocabulary,
+    is_library_tokenizer,
     release_freed_memory,
+    tokenizer_class_name,
     tokenizer_json,
     tokenizer_source_file,
 )
@@ -247,23 +246,11 @@ def _template_difference(mine: dict[str, str], theirs: dict[str, str]) -> str:
 # list of [piece, score]: asked from the Rust side instead).
 _TOKEN_TO_ID_MODELS = frozenset({"BPE", "WordPiece", "WordLevel"})
 
-# The two slow parts of the tokenizer component, started early by `prefetch_tokenizer_hashes`.
-_PREFETCHED: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], Future[tuple[str, str]]]] = (
-    weakref.WeakKeyDictionary()
-)
 
-
-def _hash_key(tokenizer: Any) -> tuple[int, int]:
-    return id(tokenizer._tokenizer), len(tokenizer)
-
-
-def _rust_tokenizer_hashes(tokenizer: Any, serialized: str, keep: list[Any] | None = None) -> tuple[str, str]:
+def _rust_tokenizer_hashes(tokenizer: Any, serialized: str) -> tuple[str, str]:
     """sha256 of the tokenizer.json transformers runs (minus call-time settings and added tokens), and of
-    the model vocabulary. The parsed tokenizer.json goes into `keep` when given, to be freed by the caller
-    after the result is out (freeing 150k entries takes a while)."""
+    the model vocabulary: ~0.5 s of CPU for a 150k vocabulary."""
     spec, checked = _parse_json(serialized)
-    if keep is not None:
-        keep.append(spec)
     # Padding/truncation are call-time settings, and added tokens are hashed on their own below.
     for key in ("padding", "truncation", "added_tokens"):
         spec.pop(key, None)
@@ -277,48 +264,6 @@ def _rust_tokenizer_hashes(tokenizer: Any, serialized: str, keep: list[Any] | No
         vocab, vocab_checked = tokenizer._tokenizer.get_vocab(with_added_tokens=False), True
     vocab_hash = hashlib.sha256(_canonical_bytes(sorted(vocab.items()), checked=vocab_checked)).hexdigest()
     return model_hash, vocab_hash
-
-
-def prefetch_tokenizer_hashes(tokenizer: Any) -> None:
-    """Start computing the tokenizer's model and vocabulary hashes in a background thread.
-
-    That is ~0.5 s of GIL-holding work for a 150k vocabulary; start-up's next step, building the fastokens
-    backend, releases the GIL for about as long, so they overlap. `tokenizer_components` takes the result
-    (once), and computes it itself when nothing was prefetched or the tokenizer changed since.
-    """
-    if getattr(tokenizer, "_tokenizer", None) is None or not type(tokenizer).__module__.startswith(
-        "transformers."
-    ):
-        return
-    serialized = tokenizer_json(tokenizer)
-    if serialized is None:
-        return
-    future: Future[tuple[str, str]] = Future()
-
-    def run() -> None:
-        parsed: list[Any] = []
-        try:
-            future.set_result(_rust_tokenizer_hashes(tokenizer, serialized, keep=parsed))
-        except BaseException as exc:  # handed to whoever takes the result
-            future.set_exception(exc)
-        parsed.clear()  # freed after start-up has its result
-        release_freed_memory()
-
-    try:
-        _PREFETCHED[tokenizer] = (_hash_key(tokenizer), future)
-    except TypeError:  # not weak-referenceable: nothing to prefetch into
-        return
-    threading.Thread(target=run, name="tokenfront-fingerprint", daemon=True).start()
-
-
-def _take_prefetched(tokenizer: Any) -> Future[tuple[str, str]] | None:
-    try:
-        entry = _PREFETCHED.pop(tokenizer, None)
-    except TypeError:
-        return None
-    if entry is None or entry[0] != _hash_key(tokenizer):
-        return None
-    return entry[1]
 
 
 # transformers tokenizer classes with no Rust model whose whole encoding model is the file they were built
@@ -346,7 +291,8 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
     compared (`tokenizer_files.tokenizer_source_file` tells it, for `info`).
 
     Complete (no reasons) when both hold:
-    - the class is transformers' own, not code loaded with `--trust-remote-code`;
+    - the class is transformers' own (or built as transformers builds it: `direct_tokenizer`), not code loaded
+      with `--trust-remote-code`;
     - the encoding model is hashed: a Rust model, or for a class in `_FILE_MODEL_CLASSES` (mistral-common's
       tokenizer under transformers, which has no Rust model) the file it was loaded from, found and read.
     Otherwise incomplete: a tokenizer with neither (e.g. a Python SentencePiece tokenizer without a fast
@@ -354,32 +300,29 @@ def tokenizer_components(tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
     """
 
     incomplete: list[str] = []
-    cls = type(tokenizer)
-    if not cls.__module__.startswith("transformers."):
-        incomplete.append(f"tokenizer class {cls.__name__} is code loaded with --trust-remote-code")
+    name = tokenizer_class_name(tokenizer)
+    if not is_library_tokenizer(tokenizer):
+        incomplete.append(f"tokenizer class {name} is code loaded with --trust-remote-code")
     backend = getattr(tokenizer, "_tokenizer", None)
     source = tokenizer_source_file(tokenizer)
     model_file = _sha256_file(source) if source is not None and source.name != "tokenizer.json" else None
     model_hash: str | None = None
     vocab_hash: str | None = None
-    file_model = backend is None and cls.__name__ in _FILE_MODEL_CLASSES
+    file_model = backend is None and name in _FILE_MODEL_CLASSES
     if backend is not None:
-        prefetched = _take_prefetched(tokenizer)
-        if prefetched is not None:
-            model_hash, vocab_hash = prefetched.result()
-        else:
-            serialized = tokenizer_json(tokenizer, keep=False)  # the cached one if start-up still holds it
-            assert serialized is not None  # there is a Rust tokenizer
-            model_hash, vocab_hash = _rust_tokenizer_hashes(tokenizer, serialized)
+        serialized = tokenizer_json(tokenizer, keep=False)  # the cached one if start-up still holds it
+        assert serialized is not None  # there is a Rust tokenizer
+        model_hash, vocab_hash = _rust_tokenizer_hashes(tokenizer, serialized)
+        release_freed_memory()  # the parsed tokenizer.json: ~100 MB for a 150k vocabulary
     elif file_model and model_file is not None:
         model_hash = model_file
         vocab_hash = sha256_json(sorted(tokenizer.get_vocab().items()))
     elif file_model:
-        incomplete.append(f"tokenizer {cls.__name__}: the file it was loaded from was not found")
+        incomplete.append(f"tokenizer {name}: the file it was loaded from was not found")
     else:
-        incomplete.append(f"tokenizer {cls.__name__} has no serialisable model (tokenizer.json)")
+        incomplete.append(f"tokenizer {name} has no serialisable model (tokenizer.json)")
     components = {
-        "class": cls.__name__,
+        "class": name,
         "model": model_hash,
         "model_file": model_file,
         "vocab": vocab_hash,

@@ -13,6 +13,8 @@ import functools
 import importlib.metadata
 import logging
 import re
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +23,7 @@ from tokenfront.core.checkpoint import Checkpoint, load_checkpoint
 from tokenfront.core.context_length import max_model_len
 from tokenfront.core.errors import CheckpointError, RenderError
 from tokenfront.core.families import ChatFormat, chat_format_for
-from tokenfront.core.fingerprint import Fingerprint, build_fingerprint, prefetch_tokenizer_hashes
+from tokenfront.core.fingerprint import Fingerprint, build_fingerprint
 from tokenfront.core.messages import normalize_messages
 from tokenfront.core.reasoning import ReasoningParser, get_reasoning_parser, reasoning_ended
 from tokenfront.core.requests import anthropic, responses
@@ -89,8 +91,9 @@ class RenderPipeline:
         self, checkpoint: Checkpoint, options: RenderOptions, *, build_backend_in_background: bool = False
     ) -> None:
         """`build_backend_in_background`: a server that must be ready fast builds its fast tokenizer backend
-        in a background thread, encoding with the transformers tokenizer (the reference: the same ids,
-        slower) until it is ready; `wait_until_ready` waits for it."""
+        in a background thread, started by `start_backend_build` (once it listens, say), encoding with the
+        tokenizer itself (the reference: the same ids, slower) until it is ready; `wait_until_ready` waits for
+        it. The fingerprint is computed on first use."""
         self.checkpoint = checkpoint
         self.options = options
         self.tokenizer = checkpoint.tokenizer
@@ -98,6 +101,7 @@ class RenderPipeline:
             checkpoint.tokenizer,
             options.tokenizer_backend,  # type: ignore[arg-type]
             background=build_backend_in_background,
+            start=False,
         )
         self.reasoning_parser: ReasoningParser | None = _parser_or_startup_error(
             get_reasoning_parser, options.reasoning_parser, "--reasoning-parser"
@@ -110,7 +114,9 @@ class RenderPipeline:
         self._special_tokens = dict(checkpoint.tokenizer.special_tokens_map)
         # Harmony (gpt-oss) and mistral-common build chat prompts themselves; every other model, its template.
         self.chat_format: ChatFormat | None = chat_format_for(checkpoint)
-        self.fingerprint = self._build_fingerprint()
+        self._fingerprint: Fingerprint | None = None
+        self._fingerprint_lock = threading.Lock()
+        self._backend_name = self.backend.name  # the one chosen (a deferred one's target), as info reports it
         # Compile the checkpoint's templates now: a broken template is a start-up error, not a per-request one.
         self._templates = {
             name: compile_template(text)
@@ -120,24 +126,63 @@ class RenderPipeline:
         }
 
     @classmethod
-    def load(cls, options: RenderOptions, *, build_backend_in_background: bool = False) -> RenderPipeline:
-        """Load the checkpoint named in the options (tokenizer, config, template; never weights)."""
+    def load(
+        cls,
+        options: RenderOptions,
+        *,
+        build_backend_in_background: bool = False,
+        transformers_tokenizer: bool = False,
+    ) -> RenderPipeline:
+        """Load the checkpoint named in the options (tokenizer, config, template; never weights).
+
+        The tokenizer is transformers' own object when `transformers_tokenizer` (a worker running the model
+        with transformers) or `--tokenizer-backend transformers` asks for it; otherwise, where tokenfront knows
+        how transformers builds the tokenizer's class, it is built without importing transformers
+        (`core/direct_tokenizer.py`: the same tokenizer, the same ids and fingerprint)."""
         checkpoint = load_checkpoint(
             options.model,
             tokenizer=options.tokenizer,
             chat_template=options.chat_template,
             trust_remote_code=options.trust_remote_code,
             tokenizer_mode=options.tokenizer_mode,
+            transformers_tokenizer=transformers_tokenizer or options.tokenizer_backend == "transformers",
         )
-        if checkpoint.tokenizer_mode != "mistral":
-            # Hashing holds the GIL; building the fast backend next releases it: on two cores they overlap.
-            prefetch_tokenizer_hashes(checkpoint.tokenizer)
         return cls(checkpoint, options, build_backend_in_background=build_backend_in_background)
 
+    def start_backend_build(self) -> None:
+        """Start building the fast backend in the background (`build_backend_in_background`), if not yet."""
+        start = getattr(self.backend, "start", None)
+        if start is not None:
+            start()
+
     def wait_until_ready(self, timeout: float | None = None) -> bool:
-        """Block until a backend built in the background has taken over; False on timeout."""
+        """Block until a backend being built in the background has taken over, and a fingerprint being computed
+        in another thread is done (neither is started here); False on timeout, or when the build was never
+        started."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         wait = getattr(self.backend, "wait", None)
-        return bool(wait(timeout)) if wait is not None else True
+        if wait is not None and not wait(timeout):
+            return False
+        left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._fingerprint_lock.acquire(timeout=left):
+            return False
+        self._fingerprint_lock.release()
+        return True
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        """The rendering fingerprint (docs/fingerprint.md), computed on first use: hashing the tokenizer takes
+        ~0.5 s of CPU for a 150k vocabulary, which a server spends once it is up (see `fingerprint_ready`).
+        A caller meanwhile waits for it."""
+        if self._fingerprint is None:
+            with self._fingerprint_lock:
+                if self._fingerprint is None:
+                    self._fingerprint = self._build_fingerprint()
+        return self._fingerprint
+
+    def fingerprint_ready(self) -> bool:
+        """Whether `fingerprint` answers at once (it has been computed)."""
+        return self._fingerprint is not None
 
     # -- chat ------------------------------------------------------------------------------------------------
 
@@ -458,7 +503,7 @@ class RenderPipeline:
             tokenizer_part=chat_format.tokenizer_components() if chat_format else None,
             info={
                 "versions": _library_versions(),
-                "tokenizer_backend": self.backend.name,
+                "tokenizer_backend": self._backend_name,
                 "reasoning_parser": self.options.reasoning_parser,
                 "tool_call_parser": self.options.tool_call_parser,
                 "model_path": str(self.checkpoint.model_path) if self.checkpoint.model_path else None,

@@ -33,7 +33,12 @@ from dataclasses import dataclass
 from operator import add
 from typing import Any, Literal, Protocol
 
-from tokenfront.core.tokenizer_files import forget_tokenizer_json, release_freed_memory, tokenizer_json
+from tokenfront.core.tokenizer_files import (
+    forget_tokenizer_json,
+    is_library_tokenizer,
+    release_freed_memory,
+    tokenizer_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -150,9 +155,7 @@ def _splits_special_tokens(tokenizer: Any) -> bool:
 
 def _has_rust_model(tokenizer: Any) -> bool:
     # Classes from outside transformers (--trust-remote-code) may override encoding in Python: use them as is.
-    return getattr(tokenizer, "_tokenizer", None) is not None and type(tokenizer).__module__.startswith(
-        "transformers."
-    )
+    return getattr(tokenizer, "_tokenizer", None) is not None and is_library_tokenizer(tokenizer)
 
 
 # -- where a prompt may be cut -------------------------------------------------------------------------------
@@ -642,15 +645,17 @@ def _built_backend(
 
 
 class DeferredBackend:
-    """The chosen backend, built in a background thread while the transformers tokenizer serves.
+    """The chosen backend, built in a background thread while the tokenizer itself serves.
 
     Building fastokens takes about a second for a 150k vocabulary; a server need not wait for it: until it is
-    built and has passed the probe, texts are encoded by the transformers tokenizer itself, the reference
-    every backend must equal (so the ids are the same throughout, only slower). The build runs at a lower
-    CPU priority, so it does not slow the rest of start-up on a busy machine. `name` is the backend being
-    built (it changes if that one cannot be used); `wait()` blocks until the switch.
+    built and has passed the probe, texts are encoded by the tokenizer itself (transformers', or the same
+    Rust tokenizer built by `direct_tokenizer`), the reference every backend must equal (so the ids are the
+    same throughout, only slower). The build runs at a lower CPU priority, so it does not slow the rest of
+    start-up on a busy machine. `name` is the backend being built (it changes if that one cannot be used);
+    `wait()` blocks until the switch.
 
-    Constructed without `background=True` (as `type(backend)(tokenizer)` does), it builds before returning.
+    Constructed without `background=True` (as `type(backend)(tokenizer)` does), it builds before returning;
+    with `background=True, start=False`, the build waits for `start()` (a server starts it once it listens).
     """
 
     def __init__(
@@ -660,17 +665,26 @@ class DeferredBackend:
         *,
         incremental_encoding: bool = True,
         background: bool = False,
+        start: bool = True,
     ) -> None:
         self.name = "fastokens" if choice in ("auto", "fastokens") else str(choice)
         self._current: TokenizerBackend = TransformersBackend(tokenizer)
         self._ready = threading.Event()
         arguments = (tokenizer, choice, incremental_encoding)
+        self._thread: threading.Thread | None = None
         if background:
-            threading.Thread(
+            self._thread = threading.Thread(
                 target=self._build, args=arguments, name="tokenfront-backend", daemon=True
-            ).start()
+            )
+            if start:
+                self.start()
         else:
             self._build(*arguments, low_priority=False)
+
+    def start(self) -> None:
+        """Start the background build, if it was not started yet."""
+        if self._thread is not None and self._thread.ident is None:
+            self._thread.start()
 
     def _build(
         self, tokenizer: Any, choice: BackendChoice, incremental_encoding: bool, *, low_priority: bool = True
@@ -692,7 +706,10 @@ class DeferredBackend:
         return self._current
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the built backend has taken over (or failed to); False on timeout."""
+        """Block until the built backend has taken over (or failed to); False on timeout, and at once when the
+        build was never started."""
+        if self._thread is not None and self._thread.ident is None:
+            return False
         return self._ready.wait(timeout)
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
@@ -734,12 +751,14 @@ def backend_for(
     *,
     incremental_encoding: bool = True,
     background: bool = False,
+    start: bool = True,
 ) -> TokenizerBackend:
     """The fastest backend whose ids equal the transformers tokenizer's (or the one asked for); `tokenizers`
     under a `SegmentedEncoder` when the tokenizer allows cutting and `incremental_encoding` is on.
 
     With `background`, fastokens (`auto`/`fastokens`) is built and probed in a background thread and the
-    transformers tokenizer serves meanwhile (`DeferredBackend`): start-up does not wait for the build.
+    tokenizer itself serves meanwhile (`DeferredBackend`): start-up does not wait for the build, which begins
+    at once, or with `start=False` when the `DeferredBackend`'s `start()` is called.
     """
     if choice == "transformers" or not _has_rust_model(tokenizer):
         if choice not in ("auto", "transformers"):
@@ -748,5 +767,7 @@ def backend_for(
             )
         return TransformersBackend(tokenizer)
     if background and choice in ("auto", "fastokens"):
-        return DeferredBackend(tokenizer, choice, incremental_encoding=incremental_encoding, background=True)
+        return DeferredBackend(
+            tokenizer, choice, incremental_encoding=incremental_encoding, background=True, start=start
+        )
     return _built_backend(tokenizer, choice, incremental_encoding)

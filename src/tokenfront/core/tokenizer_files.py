@@ -1,24 +1,43 @@
-"""What start-up reads off a loaded transformers tokenizer: whether it has a vocabulary, its tokenizer.json
-(serialized once, shared by the fast backends and the fingerprint), the file it was built from; and handing the
-memory start-up freed back to the system. A leaf of the core: `core.checkpoint`, `core.tokenization` and
-`core.fingerprint` all read it.
+"""What start-up reads off a loaded tokenizer (transformers', or a `DirectTokenizer` built as transformers builds
+one): its class, whether transformers implements it, whether it has a vocabulary, its tokenizer.json (serialized
+once, shared by the fast backends and the fingerprint), the file it was built from; and handing the memory
+start-up freed back to the system. Read by `core.checkpoint`, `core.tokenization` and `core.fingerprint`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
 
+from tokenfront.core.direct_tokenizer import DirectTokenizer
+
 __all__ = [
     "forget_tokenizer_json",
     "has_vocabulary",
+    "is_library_tokenizer",
     "release_freed_memory",
+    "tokenizer_class_name",
     "tokenizer_json",
     "tokenizer_source_file",
 ]
+
+
+def tokenizer_class_name(tokenizer: Any) -> str:
+    """The transformers class of a tokenizer: its own, or for a `DirectTokenizer` the one transformers builds."""
+    return (
+        tokenizer.transformers_class if isinstance(tokenizer, DirectTokenizer) else type(tokenizer).__name__
+    )
+
+
+def is_library_tokenizer(tokenizer: Any) -> bool:
+    """Whether transformers implements the tokenizer (its own class, or a `DirectTokenizer` built as transformers
+    builds that class), rather than code shipped with the checkpoint (--trust-remote-code), which may override
+    anything."""
+    return isinstance(tokenizer, DirectTokenizer) or type(tokenizer).__module__.startswith("transformers.")
 
 
 def has_vocabulary(tokenizer: Any) -> bool:
@@ -38,8 +57,10 @@ def has_vocabulary(tokenizer: Any) -> bool:
     return any(token_id not in special for token_id in vocab.values())
 
 
-# Serialized Rust tokenizers, by transformers tokenizer; see `tokenizer_json`.
+# Serialized Rust tokenizers, by transformers tokenizer; see `tokenizer_json`. The lock makes a second thread
+# asking meanwhile (the backend build, the fingerprint) wait for the first one's string instead of serializing.
 _TOKENIZER_JSON: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], str]] = weakref.WeakKeyDictionary()
+_SERIALIZING = threading.Lock()
 
 
 def tokenizer_json(tokenizer: Any, *, keep: bool = True) -> str | None:
@@ -54,16 +75,17 @@ def tokenizer_json(tokenizer: Any, *, keep: bool = True) -> str | None:
     if rust is None:
         return None
     key = (id(rust), len(tokenizer))
-    try:
-        cached = _TOKENIZER_JSON.get(tokenizer)
-    except TypeError:  # not weak-referenceable or not hashable: no cache
-        return str(rust.to_str())
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    text = str(rust.to_str())
-    if keep:
-        _TOKENIZER_JSON[tokenizer] = (key, text)
-    return text
+    with _SERIALIZING:
+        try:
+            cached = _TOKENIZER_JSON.get(tokenizer)
+        except TypeError:  # not weak-referenceable or not hashable: no cache
+            return str(rust.to_str())
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        text = str(rust.to_str())
+        if keep:
+            _TOKENIZER_JSON[tokenizer] = (key, text)
+        return text
 
 
 def release_freed_memory() -> None:
@@ -87,7 +109,7 @@ _MALLOC_TRIM: Any = None
 
 def forget_tokenizer_json(tokenizer: Any) -> None:
     """Drop the cached serialization (tens of MB) once start-up no longer needs it."""
-    with contextlib.suppress(TypeError):  # not weak-referenceable: never cached
+    with _SERIALIZING, contextlib.suppress(TypeError):  # not weak-referenceable: never cached
         _TOKENIZER_JSON.pop(tokenizer, None)
 
 

@@ -40,6 +40,7 @@ def create_renderer_app(
         role="renderer",
         title="tokenfront renderer",
         server_info=lambda: pipeline_info(pipeline),
+        server_info_ready=pipeline.fingerprint_ready,
         model_names=lambda: pipeline.served_model_names,
         api_key=api_key,
         max_body_bytes=max_body_bytes,

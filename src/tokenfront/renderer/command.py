@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from tokenfront.arguments import positive_int
@@ -38,18 +39,13 @@ def run_render(args: argparse.Namespace) -> int:
     from tokenfront.core.render import RenderPipeline
     from tokenfront.renderer.app import create_renderer_app
 
-    # Healthy before the fast tokenizer backend is built: the transformers tokenizer encodes meanwhile.
+    # Healthy before the fast tokenizer backend is built (the tokenizer itself encodes meanwhile) and before the
+    # fingerprint is computed (/server_info waits for it): both start in threads once the server listens.
     pipeline = RenderPipeline.load(options_from_args(args), build_backend_in_background=True)
-    if args.workers > 1:
-        pipeline.wait_until_ready()  # the build thread does not survive a fork: finish it first
-    fingerprint = pipeline.fingerprint
-    log.info(
-        "renderer ready: model %s, fingerprint %s (%s), tokenizer backend %s",
-        ", ".join(pipeline.served_model_names),
-        fingerprint.digest[:16],
-        "complete" if fingerprint.complete else "incomplete: " + "; ".join(fingerprint.incomplete_reasons),
-        pipeline.backend.name,
-    )
+    if args.workers > 1:  # threads do not survive a fork: the parent finishes both, once for every child
+        pipeline.start_backend_build()
+        pipeline.wait_until_ready()
+        _announce(pipeline)
     app = create_renderer_app(
         pipeline,
         api_key=args.api_key,
@@ -59,8 +55,27 @@ def run_render(args: argparse.Namespace) -> int:
         tracing=tracing,
     )
     with finishing_background_work(pipeline):
-        serve_app(app, args, sock, args.port, workers=args.workers)
+        serve_app(app, args, sock, args.port, workers=args.workers, on_serving=lambda: _serving(pipeline))
     return 0
+
+
+def _serving(pipeline: Any) -> None:
+    """Once the server listens: build the fast backend, and compute the fingerprint and say the renderer is
+    ready, each in a thread."""
+    pipeline.start_backend_build()
+    threading.Thread(target=_announce, args=(pipeline,), name="tokenfront-fingerprint", daemon=True).start()
+
+
+def _announce(pipeline: Any) -> None:
+    """Log the renderer's ready line, once its fingerprint is computed (the first use computes it)."""
+    fingerprint = pipeline.fingerprint
+    log.info(
+        "renderer ready: model %s, fingerprint %s (%s), tokenizer backend %s",
+        ", ".join(pipeline.served_model_names),
+        fingerprint.digest[:16],
+        "complete" if fingerprint.complete else "incomplete: " + "; ".join(fingerprint.incomplete_reasons),
+        pipeline.backend.name,
+    )
 
 
 def add_render_command(commands: Any) -> None:

@@ -7,6 +7,7 @@ of each common route.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -128,6 +129,7 @@ def create_app(
     show_paths: bool = False,
     tracing: Tracing | None = None,
     request_limits: RequestLimits = DEFAULT_LIMITS,
+    server_info_ready: Callable[[], bool] | None = None,
 ) -> TokenfrontApp:
     """A FastAPI app with the routes every tokenfront server has (docs/contract.md §6): `/health`, `/server_info`,
     `/v1/models`, `/metrics`, OpenAPI at `/openapi.json`, `/docs` and `/redoc` (their files served by the app);
@@ -136,7 +138,9 @@ def create_app(
     `admin` gives its admin paths and their key (`server.admin_auth`); `show_paths` keeps the checkpoint's
     paths in `/server_info` (`--show-paths`; else `without_paths`); `tracing` its spans (`server.tracing`: a
     server span per request, and the direct lane off); `request_limits` what one request may ask for (the
-    bodies are validated with it: `protocol.limits`)."""
+    bodies are validated with it: `protocol.limits`); `server_info_ready` whether `server_info` answers at once
+    (when not — a renderer's fingerprint being computed just after start-up — it is called off the event
+    loop, and `/server_info` answers once it has the final body)."""
     app = TokenfrontApp(
         title=title,
         version=__version__,
@@ -173,7 +177,9 @@ def create_app(
 
     @app.get("/server_info", tags=["common"])
     async def get_server_info() -> dict[str, Any]:
-        info = {"role": role, "version": __version__, "schema_version": SCHEMA_VERSION, **server_info()}
+        ready = server_info_ready is None or server_info_ready()
+        body = server_info() if ready else await asyncio.to_thread(server_info)
+        info = {"role": role, "version": __version__, "schema_version": SCHEMA_VERSION, **body}
         return info if show_paths else without_paths(info)
 
     @app.get("/v1/models", tags=["common"])

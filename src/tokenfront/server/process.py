@@ -44,6 +44,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
 
@@ -127,6 +128,7 @@ def run_server(
     connection_limits: ConnectionLimits | None = None,
     sock: socket.socket | None = None,
     tls: ServerTls | None = None,
+    on_serving: Callable[[], None] | None = None,
 ) -> None:
     """Serve `app` until SIGTERM or SIGINT; in-flight requests get `shutdown_timeout` seconds to finish.
 
@@ -135,7 +137,8 @@ def run_server(
     `server.logs.configure_logging` set up, and says whether uvicorn keeps its own log handlers (text).
     `connection_limits` bound every connection of every process (`server.http_protocol`; the defaults when
     None); the open-file limit is raised to fit them first (`server.open_files`), which the pre-fork children
-    inherit. `tls`: serve HTTPS (`tokenfront.tls`, checked at start-up); plain HTTP when None.
+    inherit. `tls`: serve HTTPS (`tokenfront.tls`, checked at start-up); plain HTTP when None. `on_serving`
+    is called (on the event loop, so briefly) once the one process listens; not with `workers` > 1.
     """
     if sock is None:
         sock = bind_socket(host, port, reuse_port=workers > 1)
@@ -165,13 +168,14 @@ def run_server(
         # a factory works as a class does.
         loop="auto",
         http=cast("type[asyncio.Protocol]", bounded_protocol(limits, direct)),
+        ws="none",  # no WebSocket route: uvicorn then imports no WebSocket library at start-up
         **(tls.uvicorn_options() if tls is not None else {}),
     )
     adopt_library_handlers()  # the checkpoint's libraries are imported by now
     if workers <= 1:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
-            _Server(config, shutdown_timeout, drain, announce=True).run(sockets=[sock])
+            _Server(config, shutdown_timeout, drain, announce=True, on_serving=on_serving).run(sockets=[sock])
         finally:
             sock.close()
         return
@@ -181,11 +185,20 @@ def run_server(
 class _Server(uvicorn.Server):
     """uvicorn's server, which starts the app's drain (`server.shutdown`) as its shutdown begins."""
 
-    def __init__(self, config: Any, shutdown_timeout: float, drain: Any, *, announce: bool = False) -> None:
+    def __init__(
+        self,
+        config: Any,
+        shutdown_timeout: float,
+        drain: Any,
+        *,
+        announce: bool = False,
+        on_serving: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.shutdown_timeout = shutdown_timeout
         self.drain = drain  # the app's `server.shutdown.Drain`, or None for an app without one
         self.announce = announce
+        self.on_serving = on_serving
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
@@ -193,6 +206,8 @@ class _Server(uvicorn.Server):
             host = self.config.host
             scheme = "https" if self.config.is_ssl else "http"
             log.info("serving on %s://%s:%d", scheme, f"[{host}]" if ":" in host else host, self.config.port)
+        if self.started and self.on_serving is not None:
+            self.on_serving()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self.drain is not None:

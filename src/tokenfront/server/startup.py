@@ -10,7 +10,7 @@ import dataclasses
 import gc
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tokenfront import protocol
@@ -177,8 +177,17 @@ def _add_connection_arguments(group: Any) -> None:
         )
 
 
-def serve_app(app: Any, args: argparse.Namespace, sock: Any, port: int, *, workers: int = 1) -> None:
-    """Run `app` on the socket bound at start-up, with the server flags every command shares."""
+def serve_app(
+    app: Any,
+    args: argparse.Namespace,
+    sock: Any,
+    port: int,
+    *,
+    workers: int = 1,
+    on_serving: Callable[[], None] | None = None,
+) -> None:
+    """Run `app` on the socket bound at start-up, with the server flags every command shares; `on_serving` is
+    called once one process listens (`server.process.run_server`)."""
     from tokenfront.server.process import run_server
 
     # What start-up loaded lives as long as the process. Frozen, the collector never walks it again: a full
@@ -200,6 +209,7 @@ def serve_app(app: Any, args: argparse.Namespace, sock: Any, port: int, *, worke
             connection_limits=connection_limits(args),
             sock=sock,
             tls=args.tls,
+            on_serving=on_serving,
         )
     finally:
         # Collectable again before the interpreter exits, so native objects (torch's triton bindings) are freed

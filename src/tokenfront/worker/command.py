@@ -54,8 +54,9 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise TokenfrontError(str(exc)) from exc
     options = options_from_args(args)
-    # Built exactly as the renderer builds it, so the fingerprints (and the ids) match.
-    pipeline = RenderPipeline.load(options)
+    # Built as the renderer builds it, so the fingerprints (and the ids) match; the tokenizer is transformers'
+    # own object, which the grammar (xgrammar) reads, where the renderer may build the same one directly.
+    pipeline = RenderPipeline.load(options, transformers_tokenizer=True)
     model_path = pipeline.checkpoint.model_path
     if model_path is None:
         raise TokenfrontError("--model must name a checkpoint folder with weights: the worker runs the model")
