@@ -234,7 +234,7 @@ def test_no_test_or_benchmark_uses_a_private_name_of_tokenfront() -> None:
 
 PLANTED = '''
 import tokenfront.core._hidden
-from tokenfront.core.tokenization import _clean, split_clean_tokens
+from tokenfront.core.segmented_encoder import _clean, split_clean_tokens
 from tokenfront import fixtures
 from tokenfront.client._models import RenderedChat
 import tokenfront.worker.guided as guided
@@ -263,7 +263,7 @@ def test_the_checker_sees_each_kind_of_private_use() -> None:
     report = check_text(PLANTED, "tests/planted.py")
     assert report.found == [
         "tests/planted.py:2 imports tokenfront.core._hidden",
-        "tests/planted.py:3 imports tokenfront.core.tokenization._clean",
+        "tests/planted.py:3 imports tokenfront.core.segmented_encoder._clean",
         "tests/planted.py:5 imports from tokenfront.client._models",
         "tests/planted.py:11 uses fixtures._run",
         "tests/planted.py:12 uses guided.GuidedDecoding._cache",

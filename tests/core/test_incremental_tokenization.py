@@ -24,13 +24,12 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tokenfront import RenderOptions, RenderPipeline
 from tokenfront.core.errors import RenderError
+from tokenfront.core.segmented_encoder import SegmentedEncoder, segment_plan
 from tokenfront.core.tokenization import (
     FastokensBackend,
     RustTokenizersBackend,
-    SegmentedEncoder,
     TokenizerBackend,
     backend_for,
-    segment_plan,
 )
 from tokenfront.protocol import ChatCompletionRequest
 
@@ -373,7 +372,7 @@ def test_overlapping_added_tokens_are_not_cut_points(qwen3: Path) -> None:
 
 
 def test_clean_cut_tokens() -> None:
-    from tokenfront.core.tokenization import split_clean_tokens
+    from tokenfront.core.segmented_encoder import split_clean_tokens
 
     patterns = ["<a>", "<b>", "x<b", "<c>", "<c>>", "<d>", "<<", "e"]
     clean, unclean = split_clean_tokens(["<a>", "<b>", "<c>", "<d>", "<<", "e"], patterns)

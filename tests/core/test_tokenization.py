@@ -13,11 +13,11 @@ from transformers import AutoTokenizer
 
 from tokenfront import RenderOptions, RenderPipeline
 from tokenfront.core import tokenization
+from tokenfront.core.segmented_encoder import SegmentedEncoder
 from tokenfront.core.tokenization import (
     DeferredBackend,
     FastokensBackend,
     RustTokenizersBackend,
-    SegmentedEncoder,
     TransformersBackend,
     backend_for,
 )

@@ -17,9 +17,11 @@ from tokenfront.core.direct_tokenizer import DirectTokenizer
 
 __all__ = [
     "forget_tokenizer_json",
+    "has_rust_model",
     "has_vocabulary",
     "is_library_tokenizer",
     "release_freed_memory",
+    "splits_special_tokens",
     "tokenizer_class_name",
     "tokenizer_json",
     "tokenizer_source_file",
@@ -127,3 +129,14 @@ def tokenizer_source_file(tokenizer: Any) -> Path | None:
     if isinstance(vocab_file, (str, os.PathLike)):
         candidates.append(Path(vocab_file))
     return next((path for path in candidates if path.is_file()), None)
+
+
+def splits_special_tokens(tokenizer: Any) -> bool:
+    """Whether the tokenizer reads special tokens out of text as plain text (`split_special_tokens`)."""
+    return bool(getattr(tokenizer, "split_special_tokens", False))
+
+
+def has_rust_model(tokenizer: Any) -> bool:
+    """Whether a `tokenizers` model does the tokenizer's encoding (the Rust backends may then stand in for it).
+    Classes from outside transformers (--trust-remote-code) may override encoding in Python: used as they are."""
+    return getattr(tokenizer, "_tokenizer", None) is not None and is_library_tokenizer(tokenizer)
