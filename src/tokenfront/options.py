@@ -76,7 +76,8 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, model_required: boo
         choices=["auto", "fastokens", "tokenizers", "transformers"],
         default="auto",
         help="encoder of the tokenizer (same ids by contract; auto: fastokens when it agrees with tokenizers "
-        "on a start-up probe, else tokenizers)",
+        "on a start-up probe, else tokenizers; transformers: transformers' own tokenizer object, loaded by "
+        "transformers even where tokenfront builds the same tokenizer without it)",
     )
     group.add_argument(
         "--tokenizer-mode",

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tokenfront import RenderOptions, RenderPipeline, fixtures
-from tokenfront.core.checkpoint import load_tokenizer
+from tokenfront.core.checkpoint import load_tokenizer, transformers_tokenizer
 from tokenfront.core.direct_tokenizer import DirectTokenizer, load_direct
 from tokenfront.core.fingerprint import tokenizer_components
 from tokenfront.core.tokenizer_files import tokenizer_class_name
@@ -123,6 +123,13 @@ def test_a_pipeline_holds_the_direct_tokenizer_unless_transformers_is_asked_for(
     ):
         assert type(loaded.tokenizer).__name__ == "Qwen2Tokenizer"
         assert loaded.fingerprint.digest == pipeline.fingerprint.digest
+
+
+def test_transformers_own_object_is_at_hand_for_a_library_that_needs_it(qwen3: Path) -> None:
+    direct = load_tokenizer(qwen3, trust_remote_code=False)
+    loaded = transformers_tokenizer(direct)  # what the worker's grammar (xgrammar) reads
+    assert type(loaded).__name__ == "Qwen2Tokenizer" and transformers_tokenizer(loaded) is loaded
+    assert loaded.backend_tokenizer.to_str() == direct.backend_tokenizer.to_str()
 
 
 def test_loading_imports_no_transformers(qwen3: Path) -> None:

@@ -14,7 +14,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from tokenfront.core.direct_tokenizer import load_direct
+from tokenfront.core.direct_tokenizer import DirectTokenizer, load_direct
 from tokenfront.core.errors import CheckpointError
 from tokenfront.core.tokenizer_files import has_vocabulary
 
@@ -295,8 +295,6 @@ def load_tokenizer(folder: Path, *, trust_remote_code: bool, with_transformers: 
     tokenizer, without importing transformers: a second less at start-up), else with transformers itself (no
     torch needed); `with_transformers`: always with transformers (a worker whose model and grammar read
     transformers' own tokenizer object).
-
-    `RenderPipeline.load` then starts hashing it for the fingerprint (`fingerprint.prefetch_tokenizer_hashes`).
     """
     tokenizer = None if with_transformers else load_direct(folder)
     if tokenizer is None:
@@ -306,6 +304,15 @@ def load_tokenizer(folder: Path, *, trust_remote_code: bool, with_transformers: 
             f"the tokenizer in {folder} has no vocabulary (only special tokens): its tokenizer files are missing "
             "or empty; pass the checkpoint folder that has tokenizer.json, or name it with --tokenizer"
         )
+    return tokenizer
+
+
+def transformers_tokenizer(tokenizer: Any) -> Any:
+    """transformers' own object for a loaded tokenizer: the tokenizer itself, or for a `DirectTokenizer` the one
+    transformers loads from the same folder (the same tokenizer), for a library that reads transformers'
+    objects (the worker's grammar: xgrammar)."""
+    if isinstance(tokenizer, DirectTokenizer):
+        return _transformers_tokenizer(Path(tokenizer.name_or_path), trust_remote_code=False)
     return tokenizer
 
 

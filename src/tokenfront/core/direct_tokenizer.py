@@ -127,12 +127,14 @@ class DirectTokenizer:
         return str(self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def convert_ids_to_tokens(self, ids: int | list[int], skip_special_tokens: bool = False) -> Any:
+        """The token (None when unknown) of an id, or of each id of a list (the special ones left out on ask)."""
         if isinstance(ids, int):
             return self._tokenizer.id_to_token(ids)
         skipped = set(self.all_special_ids) if skip_special_tokens else set()
         return [self._tokenizer.id_to_token(int(i)) for i in ids if int(i) not in skipped]
 
     def convert_tokens_to_ids(self, tokens: str | list[str]) -> Any:
+        """The id of a token, or of each token of a list; an unknown one is the unknown token's id (or None)."""
         if isinstance(tokens, str):
             return self._token_id(tokens)
         return [self._token_id(token) for token in tokens]
@@ -148,6 +150,7 @@ class DirectTokenizer:
 
     @property
     def backend_tokenizer(self) -> Any:
+        """The `tokenizers.Tokenizer` itself."""
         return self._tokenizer
 
     @property
@@ -159,13 +162,16 @@ class DirectTokenizer:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
     def get_vocab(self) -> dict[str, int]:
+        """Every token and its id, added tokens included."""
         return dict(self._tokenizer.get_vocab(with_added_tokens=True))
 
     @property
     def added_tokens_decoder(self) -> dict[int, Any]:
+        """The added tokens by id, each a `tokenizers.AddedToken` with its flags."""
         return dict(self._tokenizer.get_added_tokens_decoder())
 
     def get_added_vocab(self) -> dict[str, int]:
+        """The added tokens' contents and ids, by id."""
         return {token.content: i for i, token in sorted(self.added_tokens_decoder.items())}
 
     # -- special tokens --------------------------------------------------------------------------------------
@@ -183,14 +189,17 @@ class DirectTokenizer:
 
     @property
     def all_special_ids(self) -> list[int | None]:
+        """The ids of `all_special_tokens`."""
         return [self._token_id(token) for token in self.all_special_tokens]
 
     @property
     def eos_token_id(self) -> int | None:
+        """The end-of-sequence token's id; None when the tokenizer names none."""
         return self._named_id("eos_token")
 
     @property
     def bos_token_id(self) -> int | None:
+        """The beginning-of-sequence token's id; None when the tokenizer names none."""
         return self._named_id("bos_token")
 
     def _named_id(self, name: str) -> int | None:

@@ -68,7 +68,11 @@ def _serving(pipeline: Any) -> None:
 
 def _announce(pipeline: Any) -> None:
     """Log the renderer's ready line, once its fingerprint is computed (the first use computes it)."""
-    fingerprint = pipeline.fingerprint
+    try:
+        fingerprint = pipeline.fingerprint
+    except Exception:  # a log record (JSON in JSON mode) rather than a thread's bare traceback
+        log.exception("the renderer's fingerprint could not be computed: /server_info answers 500")
+        return
     log.info(
         "renderer ready: model %s, fingerprint %s (%s), tokenizer backend %s",
         ", ".join(pipeline.served_model_names),

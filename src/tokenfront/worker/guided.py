@@ -48,6 +48,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from tokenfront.core.checkpoint import transformers_tokenizer
 from tokenfront.core.errors import RenderError
 from tokenfront.worker.schema_limits import SCHEMA_LIMIT_CODE, SCHEMA_LIMITS, SchemaLimits, check_schema
 
@@ -372,7 +373,8 @@ class GuidedDecoding:
         cache_size: int = _DEFAULT_CACHE_SIZE,
         limits: SchemaLimits = SCHEMA_LIMITS,
     ) -> None:
-        """``tokenizer`` is the model's transformers tokenizer; ``vocab_size`` its logits width.
+        """``tokenizer`` is the model's tokenizer (transformers' object is read: `transformers_tokenizer`);
+        ``vocab_size`` its logits width.
 
         ``vocab_size`` (config.vocab_size) may exceed ``len(tokenizer)``: the padded ids are never allowed.
         Building the vocabulary index is the slow part (about 1 s for 49k tokens, 2 s for 150k: once per worker).
@@ -380,6 +382,7 @@ class GuidedDecoding:
         """
         self.vocab_size = vocab_size
         self.limits = limits
+        tokenizer = transformers_tokenizer(tokenizer)
         detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.stop_token_ids: tuple[int, ...] = tuple(detected.stop_token_ids)
         # xgrammar treats a special token like <|im_start|> as its literal text, valid inside a JSON
