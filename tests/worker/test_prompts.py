@@ -217,7 +217,9 @@ def test_id_prompts_are_validated(hermes: PromptBuilder) -> None:
     [item] = hermes.completion(CompletionRequest(prompt=[[1, 2, 3]]))
     assert item.token_ids == [1, 2, 3]
     assert item.source == "token_ids"
-    assert item.text == hermes.pipeline.tokenizer.decode([1, 2, 3], skip_special_tokens=True)  # for echo
+    assert item.text is None  # not decoded: nothing reads it
+    [echoed] = hermes.completion(CompletionRequest(prompt=[[1, 2, 3]], echo=True))
+    assert echoed.text == hermes.pipeline.tokenizer.decode([1, 2, 3], skip_special_tokens=True)
 
 
 def test_prompts_are_counted_by_source(hermes: PromptBuilder) -> None:

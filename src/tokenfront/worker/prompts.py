@@ -32,9 +32,9 @@ class PromptInput:
     """A prompt ready for the engine.
 
     `usage_tokens` is what `usage.prompt_tokens` reports (the family may exclude a rendered tail); `text` the
-    text the ids were encoded from (None for given chat ids; a completions id prompt's decoded text, for
-    echo); `source` "rendered" or "token_ids"; `reasoning_ended` the prompt's reasoning mode, read only for
-    a parser that takes it from the prompt.
+    text the ids were encoded from (None for given chat ids; a completions id prompt's decoded text when the
+    request asks for echo, else None); `source` "rendered" or "token_ids"; `reasoning_ended` the prompt's
+    reasoning mode, read only for a parser that takes it from the prompt.
     """
 
     token_ids: list[int]
@@ -101,12 +101,15 @@ class PromptBuilder:
         return PromptInput(ids, usage, "rendered", text=text, reasoning_ended=ended)
 
     def completion(self, request: CompletionRequest) -> list[PromptInput]:
-        """The prompts of a completions request, one per item: text rendered, ids as given."""
+        """The prompts of a completions request, one per item: text rendered, ids as given (their text decoded
+        only for `echo`, its one reader: a long id prompt's decode costs more than the rest of the request)."""
         prompts = []
         for item in self.pipeline.render_completion(request):
             source = "token_ids" if item.prompt_text is None else "rendered"
             self.metrics.prompt("completion", source, item.token_ids)
-            text = self._decode(item.token_ids) if item.prompt_text is None else item.prompt_text
+            text = item.prompt_text
+            if text is None and request.echo:
+                text = self._decode(item.token_ids)
             prompts.append(PromptInput(item.token_ids, len(item.token_ids), source, text))
         return prompts
 
