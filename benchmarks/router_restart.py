@@ -56,18 +56,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.servers import (
-    Server,
-    engine_gauges,
-    free_port,
-    launch,
-    sim_processes,
-    simulate_command,
-    step_lag,
-    stop_all,
-    taken_out,
-    wait_for_urls,
-)
+from benchmarks import servers
+from benchmarks.servers import Server, free_port, launch, stop_all, wait_for_urls
 from tokenfront import fixtures
 
 _BLOCKS = re.compile(r"^tokenfront_engine_kv_cache_blocks (\S+)$", re.MULTILINE)
@@ -136,8 +126,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tokenfront-router-restart-") as logs_dir:
         logs = Path(logs_dir)
         try:
-            processes = args.sim_processes or sim_processes(args.workers)
-            command = simulate_command(
+            processes = args.sim_processes or servers.sim_processes(args.workers)
+            command = servers.simulate_command(
                 model,
                 args.workers,
                 processes,
@@ -170,9 +160,11 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 await _fill(client, urls, args)
                 fill_seconds = time.monotonic() - fill_started
                 result = await _traffic_and_restart(client, replicas, urls, logs, started, args)
-            result.update(step_lag(await asyncio.to_thread(engine_gauges, urls)))
+            result.update(servers.step_lag(await asyncio.to_thread(servers.engine_gauges, urls)))
             result["router_take_outs"] = {
-                server.name: taken_out(server) for server in started if server.name.startswith("route")
+                server.name: servers.taken_out(server)
+                for server in started
+                if server.name.startswith("route")
             }
         finally:
             stop_all(started)

@@ -61,14 +61,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import uvloop
 
+from benchmarks.fleet.live_client import send_all
 from benchmarks.fleet.load import Calibration, calibrate, round_robin_load
 from benchmarks.fleet.oracle import achievable_hit_rate, fleet_cache_blocks
 from benchmarks.fleet.replay import FLEET_CONTEXT_TOKENS, FLEET_EVENT_HISTORY, ReplaySettings, replay_policy
 from benchmarks.fleet.requests import TimedRequest
-from benchmarks.fleet.results import Outcome, PolicyRun, summary
+from benchmarks.fleet.results import PolicyRun, summary
 from benchmarks.fleet.scenario import WORKLOADS, WorkloadSpec
 from benchmarks.servers import (
     WORKERS_PER_SIM_PROCESS,
@@ -398,7 +398,15 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
             sending = time.perf_counter()
             # uvloop, as the servers run: the stock loop spent a third of this client's CPU in its selector.
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                outcomes = runner.run(_send(router.url, requests, args))
+                outcomes = runner.run(
+                    send_all(
+                        router.url,
+                        requests,
+                        speedup=args.sim_speedup,
+                        concurrency=args.concurrency,
+                        request_timeout=args.request_timeout,
+                    )
+                )
             sending = time.perf_counter() - sending
             cpu = [
                 after - before
@@ -443,78 +451,6 @@ def _wait_for_workers(router: Server, workers: int, timeout: float = 120.0) -> N
                     f"the router has {len(ready)} of {workers} workers ready:\n{router.log_tail()}"
                 )
             time.sleep(0.2)
-
-
-async def _send(url: str, requests: Sequence[TimedRequest], args: argparse.Namespace) -> list[Outcome]:
-    """Every request at its `at` (on the slowed clock), streamed, at most `--concurrency` in flight."""
-    speedup = args.sim_speedup
-    gate = asyncio.Semaphore(args.concurrency)
-    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=256)
-    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-
-        async def one(request: TimedRequest) -> Outcome:
-            due = start + request.at / speedup
-            await asyncio.sleep(max(0.0, due - loop.time()))
-            async with gate:
-                return await _stream(client, request, due, start, speedup)
-
-        return list(await asyncio.gather(*(one(request) for request in requests)))
-
-
-async def _stream(
-    client: httpx.AsyncClient, request: TimedRequest, due: float, start: float, speedup: float
-) -> Outcome:
-    """One streamed completion: TTFT at its first content event, usage from its last chunk."""
-    loop = asyncio.get_running_loop()
-    body = orjson.dumps(request.completion_body())
-    first: float | None = None
-    usage: dict[str, Any] | None = None
-    tokens = 0
-    try:
-        async with client.stream(
-            "POST", "/v1/completions", content=body, headers={"content-type": "application/json"}
-        ) as answer:
-            if answer.status_code != 200:
-                text = (await answer.aread())[:2000]
-                return Outcome(
-                    None, request.prompt_tokens, error=f"status {answer.status_code}: {_code(text)}"
-                )
-            async for line in answer.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = orjson.loads(line[6:])
-                if "error" in chunk:
-                    return Outcome(None, request.prompt_tokens, error=f"error event: {_code(line[6:])}")
-                choices = chunk.get("choices") or []
-                if choices and choices[0].get("text"):
-                    first = loop.time() if first is None else first
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-    except (httpx.HTTPError, orjson.JSONDecodeError) as failure:
-        return Outcome(None, request.prompt_tokens, error=type(failure).__name__)
-    if first is None or usage is None:
-        return Outcome(None, request.prompt_tokens, error="no content" if first is None else "no usage")
-    details = usage.get("prompt_tokens_details") or {}
-    tokens = int(usage.get("completion_tokens") or 0)
-    return Outcome(
-        (first - due) * speedup,
-        int(usage.get("prompt_tokens") or request.prompt_tokens),
-        int(details.get("cached_tokens") or 0),
-        tokens,
-        (loop.time() - start) * speedup,
-    )
-
-
-def _code(body: str | bytes) -> str:
-    """An OpenAI error body's `code` (else its type, else "?"), to count errors by kind."""
-    try:
-        error = orjson.loads(body).get("error") or {}
-    except (orjson.JSONDecodeError, AttributeError):
-        return "?"
-    return str(error.get("code") or error.get("type") or "?") if isinstance(error, dict) else "?"
 
 
 if __name__ == "__main__":
