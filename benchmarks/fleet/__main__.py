@@ -38,8 +38,9 @@ the fleet kept up: the engines' step lateness, mean and largest (`tokenfront_eng
 milliseconds: a mean near a step's wall time, ~8-25 modelled ms over the speedup, means the machine, not the
 model, set the pace — slow the clock down or add fleet processes), how many times the router took a worker
 out of its active set (`router_workers_taken_out`, and `router_take_out_reasons` from its log: a check that
-timed out, a worker too busy to answer; 0 when the fleet kept up), and the cores the fleet, the router and this
-client used while the requests were sent. `--json` prints one object:
+timed out, a worker too busy to answer; 0 when the fleet kept up), the cores the fleet, the router and this
+client used while the requests were sent, and the router's decision and render times (mean, and the bucket its
+p99 is under, from its /metrics). `--json` prints one object:
 
     {"policies": {NAME: {"requests", "errors", "hit_rate", "oracle_hit_rate", "ttft_mean_ms", "ttft_p50_ms",
                          "ttft_p99_ms", "max_worker_share", ...}}, "workers": N, "load": L, ...}
@@ -53,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import tempfile
 import time
@@ -330,7 +332,9 @@ def _line(policy: str, result: dict[str, Any]) -> str:
         + (
             f"; step lag mean {result['engine_lag_mean_ms']} ms, max {result['engine_lag_max_ms']} ms; workers "
             f"taken out by the router {result['router_workers_taken_out']}; cores used by the fleet "
-            f"{result['fleet_cores']}, the router {result['router_cores']}, the client {result['client_cores']}"
+            f"{result['fleet_cores']}, the router {result['router_cores']}, the client {result['client_cores']}; "
+            f"router decision mean {result['router_decision_ms']['mean']} ms (p99 under "
+            f"{result['router_decision_ms']['p99_under']} ms)"
             if "engine_lag_mean_ms" in result
             else ""
         )
@@ -416,6 +420,8 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
             ]
             counters = engine_gauges(urls)
             reasons = taken_out(router)
+            decisions = _router_histogram(router, "tokenfront_router_decision_seconds")
+            renders = _router_histogram(router, "tokenfront_router_render_seconds")
         finally:
             stop_all(started)
     return PolicyRun(
@@ -428,6 +434,10 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
             **step_lag(counters),
             "router_workers_taken_out": sum(reasons.values()),
             "router_take_out_reasons": reasons,
+            # The router's own time per request (wall ms): its routing decision, and the render step (for a
+            # prompt of ids, checking them), from its /metrics.
+            "router_decision_ms": decisions,
+            "router_render_ms": renders,
             # Where the machine's CPU went while the requests were sent: cores used by each party.
             "fleet_cores": round(cpu[0] / sending, 3),
             "router_cores": round(cpu[1] / sending, 3),
@@ -435,6 +445,23 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
             "wall_seconds": round(time.perf_counter() - started_at, 1),
         },
     )
+
+
+def _router_histogram(router: Server, name: str) -> dict[str, float | None]:
+    """A histogram of the router's /metrics in wall milliseconds: its mean, and the bucket bound its p99 is
+    under (None above the last bound)."""
+    text = httpx.get(f"{router.url}/metrics", timeout=30).text
+    total = float(re.search(rf"^{name}_sum (\S+)$", text, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    buckets = [
+        (float(bound), float(count))
+        for bound, count in re.findall(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', text, re.MULTILINE)
+    ]
+    count = buckets[-1][1] if buckets else 0.0
+    p99 = next((bound for bound, seen in buckets if seen >= 0.99 * count), None) if count else None
+    return {
+        "mean": round(1000 * total / count, 3) if count else None,
+        "p99_under": round(1000 * p99, 3) if p99 is not None and p99 != float("inf") else None,
+    }
 
 
 def _wait_for_workers(router: Server, workers: int, timeout: float = 120.0) -> None:
