@@ -40,7 +40,8 @@ model, set the pace — slow the clock down or add fleet processes), how many ti
 out of its active set (`router_workers_taken_out`, and `router_take_out_reasons` from its log: a check that
 timed out, a worker too busy to answer; 0 when the fleet kept up), the cores the fleet, the router and this
 client used while the requests were sent, and the router's decision and render times (mean, and the bucket its
-p99 is under, from its /metrics). `--json` prints one object:
+p99 is under, from its /metrics) and its renders by outcome (a `late` one is routed by load alone). `--json`
+prints one object:
 
     {"policies": {NAME: {"requests", "errors", "hit_rate", "oracle_hit_rate", "ttft_mean_ms", "ttft_p50_ms",
                          "ttft_p99_ms", "max_worker_share", ...}}, "workers": N, "load": L, ...}
@@ -334,7 +335,7 @@ def _line(policy: str, result: dict[str, Any]) -> str:
             f"taken out by the router {result['router_workers_taken_out']}; cores used by the fleet "
             f"{result['fleet_cores']}, the router {result['router_cores']}, the client {result['client_cores']}; "
             f"router decision mean {result['router_decision_ms']['mean']} ms (p99 under "
-            f"{result['router_decision_ms']['p99_under']} ms)"
+            f"{result['router_decision_ms']['p99_under']} ms); router renders {result['router_renders']}"
             if "engine_lag_mean_ms" in result
             else ""
         )
@@ -420,8 +421,15 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
             ]
             counters = engine_gauges(urls)
             reasons = taken_out(router)
-            decisions = _router_histogram(router, "tokenfront_router_decision_seconds")
-            renders = _router_histogram(router, "tokenfront_router_render_seconds")
+            metrics = httpx.get(f"{router.url}/metrics", timeout=30).text
+            decisions = _histogram(metrics, "tokenfront_router_decision_seconds")
+            renders = _histogram(metrics, "tokenfront_router_render_seconds")
+            render_outcomes = {
+                outcome: int(float(count))
+                for outcome, count in re.findall(
+                    r'^tokenfront_router_renders_total\{outcome="(\w+)"\} (\S+)$', metrics, re.MULTILINE
+                )
+            }
         finally:
             stop_all(started)
     return PolicyRun(
@@ -438,6 +446,9 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
             # prompt of ids, checking them), from its /metrics.
             "router_decision_ms": decisions,
             "router_render_ms": renders,
+            # Renders by outcome: a "late" one (not done within the router's --render-timeout) is routed by
+            # load alone, without its prefix.
+            "router_renders": render_outcomes,
             # Where the machine's CPU went while the requests were sent: cores used by each party.
             "fleet_cores": round(cpu[0] / sending, 3),
             "router_cores": round(cpu[1] / sending, 3),
@@ -447,10 +458,9 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
     )
 
 
-def _router_histogram(router: Server, name: str) -> dict[str, float | None]:
-    """A histogram of the router's /metrics in wall milliseconds: its mean, and the bucket bound its p99 is
-    under (None above the last bound)."""
-    text = httpx.get(f"{router.url}/metrics", timeout=30).text
+def _histogram(text: str, name: str) -> dict[str, float | None]:
+    """A histogram of a /metrics text in wall milliseconds: its mean, and the bucket bound its p99 is under
+    (None above the last bound)."""
     total = float(re.search(rf"^{name}_sum (\S+)$", text, re.MULTILINE).group(1))  # type: ignore[union-attr]
     buckets = [
         (float(bound), float(count))

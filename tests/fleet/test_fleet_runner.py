@@ -122,5 +122,6 @@ def test_live_run_through_real_servers(capsys: pytest.CaptureFixture[str]) -> No
         assert (entry["router_workers_taken_out"], entry["router_take_out_reasons"]) == (0, {})
         assert entry["fleet_cores"] > 0 and entry["router_cores"] > 0 and entry["client_cores"] > 0
         assert entry["router_decision_ms"]["mean"] > 0 and entry["router_render_ms"]["mean"] > 0
+        assert entry["router_renders"].get("ok", 0) > 0
     # Round-robin spreads the requests evenly, by the workers' own counts (their /metrics).
     assert report["policies"]["round_robin"]["max_worker_share"] == pytest.approx(1.0, abs=0.1)

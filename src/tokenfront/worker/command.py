@@ -476,11 +476,11 @@ def add_simulate_command(commands: Any) -> None:
     """`tokenfront simulate`'s parser."""
     simulate = commands.add_parser(
         "simulate",
-        help="a fleet of simulated GPU workers in one process, each the real worker API on its own port",
+        help="a fleet of simulated GPU workers in one process (or a few), each the real worker API on its own port",
         description="Start --workers workers as `tokenfront serve --engine simulated` runs one (a modelled "
         "GPU behind the real worker routes: tokenizer files only, no torch), all in this process on one event "
-        "loop, sharing one rendering pipeline; worker i listens on --port + i. Once every worker listens, "
-        "their base URLs are printed on stdout, one a line. docs/simulation.md",
+        "loop (or spread over --processes), sharing one rendering pipeline; worker i listens on --port + i. "
+        "Once every worker listens, their base URLs are printed on stdout, one a line. docs/simulation.md",
     )
     add_render_arguments(simulate)
     add_server_arguments(simulate, default_port=9000)
