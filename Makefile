@@ -133,10 +133,11 @@ bench-health-latency: install-test
 	$(BIN)/tokenfront fixtures --only smollm2
 	$(BIN)/python -m benchmarks.health_latency
 
-# A fleet of simulated GPU workers in one process: start-up, idle and loaded CPU and RSS at 64 and 256 workers.
+# A fleet of simulated GPU workers in one process and in two: start-up, idle and loaded CPU and RSS at 64 and 256
+# workers.
 bench-simulated-fleet: install-test
 	$(BIN)/tokenfront fixtures --only qwen3
-	$(BIN)/python -m benchmarks.simulated_fleet --workers 64,256
+	$(BIN)/python -m benchmarks.simulated_fleet --workers 64,256 --processes 1,2
 
 # Routing policies on a simulated fleet at load 0.7 of the agentic workload: live at 64 workers (real servers),
 # offline on the virtual clock at 1,000 (docs/routing.md). Live at the default clock, 0.1: 256 live workers need more than 2 cores.

@@ -6,14 +6,15 @@ index within 5 % of a live replica's block count, and the replicas that stayed l
     python -m benchmarks.router_restart [--workers 256] [--routers 3] [--clients 24] [--fill-tokens 16384]
                                         [--kv-events-history 4] [--before-seconds 20] [--after-seconds 10]
                                         [--health-interval 10] [--kv-events-interval 2] [--sim-speedup 1]
-                                        [--json]
+                                        [--sim-processes K] [--json]
 
-1. `tokenfront simulate --workers N --port 0 --kv-events-history H` (one process; docs/simulation.md), and
+1. `tokenfront simulate --workers N --processes K --port 0 --kv-events-history H` (K processes: by default one
+   per 128 workers, at most one per core; docs/simulation.md), and
    `--routers` `tokenfront route --policy kv_cache_aware --worker-file FILE` replicas in front of it, each
    waited for until it answers /health and lists every worker healthy. The routers check their workers every
-   `--health-interval` and read their events every `--kv-events-interval` seconds: one process serves all the
-   workers' HTTP on one event loop, and three routers at their defaults (2 s: 3-4 requests a worker; 0.5 s)
-   would send it ~2,700 requests a second, more than it carries on a 2-core machine (~150 a core).
+   `--health-interval` and read their events every `--kv-events-interval` seconds: three routers at their
+   defaults (2 s: 3-4 requests a worker; 0.5 s) would send a 256-worker fleet ~2,700 requests a second, more
+   than a 2-core machine carries beside them.
 2. Caches filled: `--fill-tokens` prompt tokens per worker (prompts of 8,192 ids) sent straight to the
    workers, so the index is large; the routers learn them from the workers' events as they run.
    `--kv-events-history` is shorter than what each worker writes, so the restarted router's reads are
@@ -30,7 +31,8 @@ index within 5 % of a live replica's block count, and the replicas that stayed l
    (``tokenfront_engine_kv_cache_blocks`` summed). It rejoins the rotation, and traffic goes on for
    `--after-seconds`.
 5. Per router: requests sent, answered 200, lost (any other status, an error, a broken answer). The replicas that
-   stayed must have lost none.
+   stayed must have lost none. Whether the fleet kept up: its engines' step lateness (mean and largest, wall
+   ms) and how many times each router took a worker out of its active set, by reason (from its log).
 
 Everything started is stopped by its pid. On a shared 2-core machine the figures are noisy; the client, the
 fleet and three routers share the cores.
@@ -54,6 +56,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks import servers
 from benchmarks.servers import Server, free_port, launch, stop_all, wait_for_urls
 from tokenfront import fixtures
 
@@ -99,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before-seconds", type=float, default=20.0)
     parser.add_argument("--after-seconds", type=float, default=10.0)
     parser.add_argument("--sim-speedup", type=float, default=1.0)
+    parser.add_argument(
+        "--sim-processes",
+        type=int,
+        default=None,
+        help="the fleet's processes (default: one per 128 workers, at most one per core)",
+    )
     parser.add_argument("--health-interval", type=float, default=10.0, help="the routers' (default: 10)")
     parser.add_argument("--kv-events-interval", type=float, default=2.0, help="the routers' (default: 2)")
     parser.add_argument("--seed", type=int, default=0)
@@ -117,10 +126,14 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tokenfront-router-restart-") as logs_dir:
         logs = Path(logs_dir)
         try:
-            command = [sys.executable, "-m", "tokenfront.cli", "simulate", "--model", str(model)]
-            command += ["--workers", str(args.workers), "--host", "127.0.0.1", "--port", "0"]
-            command += ["--kv-events-history", str(args.kv_events_history), "--log-level", "warning"]
-            command += ["--sim-speedup", str(args.sim_speedup)]
+            processes = args.sim_processes or servers.sim_processes(args.workers)
+            command = servers.simulate_command(
+                model,
+                args.workers,
+                processes,
+                *("--kv-events-history", str(args.kv_events_history), "--log-level", "warning"),
+                *("--sim-speedup", str(args.sim_speedup)),
+            )
             fleet = launch("simulate", command, port=0, log_dir=logs)
             started.append(fleet)
             fleet_started = time.monotonic()
@@ -147,6 +160,12 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 await _fill(client, urls, args)
                 fill_seconds = time.monotonic() - fill_started
                 result = await _traffic_and_restart(client, replicas, urls, logs, started, args)
+            result.update(servers.step_lag(await asyncio.to_thread(servers.engine_gauges, urls)))
+            result["router_take_outs"] = {
+                server.name: servers.taken_out(server)
+                for server in started
+                if server.name.startswith("route")
+            }
         finally:
             stop_all(started)
     result.update(
@@ -156,6 +175,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         fill_tokens_per_worker=args.fill_tokens,
         kv_events_history=args.kv_events_history,
         sim_speedup=args.sim_speedup,
+        sim_processes=processes,
         router_health_interval=args.health_interval,
         router_kv_events_interval=args.kv_events_interval,
         fleet_start_seconds=round(fleet_seconds, 1),
@@ -369,6 +389,8 @@ def _report(result: dict[str, Any]) -> str:
         f"{result['live_confirmed_blocks']} (ratio {result['restarted_vs_live_ratio']}), workers hold "
         f"{result['workers_held_blocks']} (ratio {result['restarted_vs_workers_ratio']})",
         f"restart phases (seconds from launch): {result['restart_phases_seconds']}",
+        f"the fleet ({result['sim_processes']} processes): step lag mean {result['engine_lag_mean_ms']} ms, max "
+        f"{result['engine_lag_max_ms']} ms; workers taken out by each router: {result['router_take_outs']}",
         f"lost: {result['lost_on_replicas_that_stayed']} on the replicas that stayed, "
         f"{result['lost_on_killed_replica']} in flight on the killed one, "
         f"{result['lost_on_restarted_replica']} on the restarted one; {result['requests_ok']} answered",

@@ -1,12 +1,16 @@
 """Server processes for the benchmarks: start one on a free loopback port, wait for /health, stop it by pid.
 
 Also reads what the benchmarks report about a server from /proc: the CPU time and the resident memory of
-the process and all its descendants (uvicorn or granian workers, vLLM's helper processes).
+the process and all its descendants (uvicorn or granian workers, vLLM's helper processes, a simulated fleet's
+processes); and, for a `tokenfront simulate` fleet, its command, its workers' URLs, whether it kept up with its
+clock (`step_lag`) and whether a router in front of it had to take its workers out (`taken_out`).
 """
 
 from __future__ import annotations
 
+import collections
 import http.client
+import math
 import os
 import re
 import signal
@@ -18,12 +22,27 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 HOST = "127.0.0.1"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # vLLM's servers, offline and quiet: no hub, no usage reports.
 _VLLM_OFFLINE = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 # A base URL as `tokenfront simulate` prints each worker's, one a line.
 _PRINTED_URL = re.compile(r"^http://127\.0\.0\.1:(\d+)$", re.MULTILINE)
+# A simulated fleet's processes by default: one per this many workers (at most one per core). One event loop
+# carries 128 busy simulated GPUs of the agentic workload at speedup 0.05 on this 2-core machine beside a
+# router and the load client (docs/simulation.md).
+WORKERS_PER_SIM_PROCESS = 128
+# How long a simulated worker keeps an idle connection (`--keep-alive-timeout`; 5 s by default). A router drops
+# its pooled connections after 4 s idle, by its own clock: a router whose event loop runs a second late (a loaded
+# 2-core machine) reuses one the worker is closing, gets no answer and takes the worker out (447 times in one
+# 256-worker run: "/health unreachable (RemoteProtocolError...)"). A minute takes that race out of the fleet
+# benchmarks; docs/routing.md says what the router should do about it.
+SIM_KEEP_ALIVE_SECONDS = 60.0
+# The line a router logs when it takes a worker out of its active set, and why (`router/workers.py`).
+_TAKEN_OUT = re.compile(r"taken out of the active set: (.{1,80})")
+_ENGINE_GAUGE = re.compile(r"^tokenfront_engine_(\w+) (\S+)$", re.MULTILINE)
 
 
 def free_port() -> int:
@@ -239,6 +258,49 @@ def wait_for_urls(fleet: Server, workers: int, timeout: float = 300.0) -> list[i
             raise RuntimeError(f"the fleet exited with {fleet.process.returncode}:\n{fleet.log_tail()}")
         time.sleep(0.2)
     raise RuntimeError(f"the fleet did not print {workers} URLs in {timeout} s:\n{fleet.log_tail()}")
+
+
+def sim_processes(workers: int) -> int:
+    """A simulated fleet's processes by default: one per `WORKERS_PER_SIM_PROCESS` workers, at most one per core."""
+    return max(1, min(os.cpu_count() or 1, math.ceil(workers / WORKERS_PER_SIM_PROCESS)))
+
+
+def simulate_command(model: Path, workers: int, processes: int, *extra: str) -> list[str]:
+    """`tokenfront simulate` of `workers` on any free loopback ports in `processes` processes, keeping idle
+    connections `SIM_KEEP_ALIVE_SECONDS`, with `extra` flags (`launch` it with port 0, then `wait_for_urls`)."""
+    command = [sys.executable, "-m", "tokenfront.cli", "simulate", "--model", str(model)]
+    command += ["--workers", str(workers), "--processes", str(processes), "--host", HOST, "--port", "0"]
+    return [*command, "--keep-alive-timeout", str(SIM_KEEP_ALIVE_SECONDS), *extra]
+
+
+def engine_gauges(urls: Sequence[str]) -> list[dict[str, float]]:
+    """Each simulated worker's `tokenfront_engine_*` gauges from its /metrics (requests, modelled seconds,
+    lateness), named without the prefix."""
+    gauges = []
+    with httpx.Client(timeout=30) as client:
+        for url in urls:
+            text = client.get(f"{url}/metrics").text
+            gauges.append({name: float(value) for name, value in _ENGINE_GAUGE.findall(text)})
+    return gauges
+
+
+def step_lag(gauges: Sequence[dict[str, float]]) -> dict[str, float | None]:
+    """How late the fleet's engine steps ended on its clock, in wall milliseconds: the mean over every step of
+    every worker, and the largest. A mean near a step's wall time (its modelled ~8-250 ms over the speedup)
+    means the machine, not the modelled GPUs, set the pace."""
+    steps = sum(gauge.get("steps", 0.0) for gauge in gauges)
+    total = sum(gauge.get("lag_seconds_total", 0.0) for gauge in gauges)
+    largest = max((gauge.get("lag_seconds_max", 0.0) for gauge in gauges), default=0.0)
+    return {
+        "engine_lag_mean_ms": round(1000 * total / steps, 2) if steps else None,
+        "engine_lag_max_ms": round(1000 * largest, 1),
+    }
+
+
+def taken_out(router: Server) -> dict[str, int]:
+    """How many times the router took a worker out of its active set, by reason (from its log)."""
+    log = router.log_path.read_text(errors="replace")
+    return dict(collections.Counter(match.group(1) for match in _TAKEN_OUT.finditer(log)).most_common())
 
 
 def stop_all(servers: Iterable[Server]) -> None:

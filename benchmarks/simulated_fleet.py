@@ -1,10 +1,12 @@
 """What a simulated fleet costs the machine: `tokenfront simulate` at N workers, idle and under load.
 
-For each `--workers` count, starts `tokenfront simulate --workers N --port 0` (one process, one event loop, the
-real worker API on each port; docs/simulation.md) on Qwen3's tokenizer and measures:
+For each `--workers` count, starts `tokenfront simulate --workers N --port 0 --processes K` (K processes of
+N/K workers each, one event loop apiece, the real worker API on each port; docs/simulation.md) on Qwen3's
+tokenizer and measures:
 
 - start-up: seconds until every worker listens (the URLs are printed);
-- idle: the fleet process's CPU (in cores) over `--idle-seconds` with nothing to do, and its resident memory;
+- idle: the fleet's CPU (in cores, its processes together) over `--idle-seconds` with nothing to do, and its
+  resident memory (RSS summed over its processes, and PSS: the children share the pipeline's pages);
 - loaded: `--load-seconds` of closed-loop traffic, one request in flight per worker, sent straight to the
   workers (no router) from this process over keep-alive connections: completions whose prompts are
   `--prompt-tokens` ids, of which the first `--shared-tokens` repeat per worker (prefix cache hits), answering
@@ -15,8 +17,9 @@ real worker API on each port; docs/simulation.md) on Qwen3's tokenizer and measu
 
 Everything started is stopped by its pid. Figures on a shared machine are noisy: run it on a quiet one.
 
-    python -m benchmarks.simulated_fleet [--workers 64,256] [--idle-seconds 10] [--load-seconds 20]
-                                         [--prompt-tokens 2048] [--shared-tokens 1536] [--max-tokens 32] [--json]
+    python -m benchmarks.simulated_fleet [--workers 64,256] [--processes 1] [--idle-seconds 10]
+                                         [--load-seconds 20] [--prompt-tokens 2048] [--shared-tokens 1536]
+                                         [--max-tokens 32] [--json]
 """
 
 from __future__ import annotations
@@ -31,16 +34,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
-from benchmarks.servers import launch, wait_for_urls
+from benchmarks.servers import engine_gauges, launch, simulate_command, step_lag, wait_for_urls
 from tokenfront import fixtures
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", default="64,256", help="fleet sizes, comma-separated (default: 64,256)")
+    parser.add_argument(
+        "--processes",
+        default="1",
+        help="simulate's --processes, comma-separated: each size with each (default: 1)",
+    )
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--load-seconds", type=float, default=20.0)
     parser.add_argument("--prompt-tokens", type=int, default=2048)
@@ -52,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="tokenfront-fleet-") as logs:
         for workers in (int(n) for n in args.workers.split(",")):
-            results.append(_measure(model, workers, Path(logs), args))
+            for processes in (int(k) for k in args.processes.split(",")):
+                results.append(_measure(model, workers, processes, Path(logs), args))
     if args.json:
         print(json.dumps(results, indent=2))
     else:
@@ -61,10 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _measure(model: Path, workers: int, logs: Path, args: argparse.Namespace) -> dict[str, Any]:
-    command = [sys.executable, "-m", "tokenfront.cli", "simulate", "--model", str(model)]
-    command += ["--workers", str(workers), "--host", "127.0.0.1", "--port", "0"]
-    fleet = launch(f"simulate-{workers}", command, port=0, log_dir=logs)
+def _measure(
+    model: Path, workers: int, processes: int, logs: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    command = simulate_command(model, workers, processes)
+    fleet = launch(f"simulate-{workers}x{processes}", command, port=0, log_dir=logs)
     try:
         ports = wait_for_urls(fleet, workers)
         started = time.monotonic() - fleet.launched_at
@@ -77,20 +86,22 @@ def _measure(model: Path, workers: int, logs: Path, args: argparse.Namespace) ->
         load = asyncio.run(_load(ports, args))
         loaded_cores = (fleet.cpu_seconds() - before) / load["seconds"]
         client_cores = (time.process_time() - client_before) / load["seconds"]
-        lag = _engine_lag(ports)
+        lag = step_lag(engine_gauges([f"http://127.0.0.1:{port}" for port in ports]))
         return {
             "workers": workers,
+            "processes": processes,
             "startup_seconds": round(started, 2),
             "idle_cores": round(idle_cores, 3),
             "idle_rss_mb": round(idle_memory["rss_bytes"] / 2**20, 1),
+            "idle_pss_mb": round(idle_memory["pss_bytes"] / 2**20, 1),
             "loaded_cores": round(loaded_cores, 3),
             "loaded_rss_mb": round(fleet.memory()["rss_bytes"] / 2**20, 1),
             "client_cores": round(client_cores, 3),
             "requests_per_second": round(load["requests"] / load["seconds"], 1),
             "tokens_per_second": round(load["tokens"] / load["seconds"], 1),
             "errors": load["errors"],
-            "mean_step_lag_ms": round(1000 * lag["total"] / lag["steps"], 2) if lag["steps"] else None,
-            "max_step_lag_ms": round(1000 * lag["max"], 1),
+            "mean_step_lag_ms": lag["engine_lag_mean_ms"],
+            "max_step_lag_ms": lag["engine_lag_max_ms"],
             "settings": {k: getattr(args, k) for k in ("prompt_tokens", "shared_tokens", "max_tokens")},
         }
     finally:
@@ -144,23 +155,10 @@ async def _post(
     return status, await reader.readexactly(length)
 
 
-def _engine_lag(ports: list[int]) -> dict[str, float]:
-    """How late the engines' steps ran, summed over the fleet (from each worker's /metrics)."""
-    total = steps = largest = 0.0
-    with httpx.Client(timeout=30) as client:
-        for port in ports:
-            text = client.get(f"http://127.0.0.1:{port}/metrics").text
-            values = dict(re.findall(r"^(tokenfront_engine_\w+) (\S+)$", text, flags=re.MULTILINE))
-            total += float(values.get("tokenfront_engine_lag_seconds_total", 0))
-            steps += float(values.get("tokenfront_engine_steps", 0))
-            largest = max(largest, float(values.get("tokenfront_engine_lag_seconds_max", 0)))
-    return {"total": total, "steps": steps, "max": largest}
-
-
 def _line(result: dict[str, Any]) -> str:
     return (
-        f"{result['workers']} workers: up in {result['startup_seconds']} s; idle {result['idle_cores']} cores, "
-        f"{result['idle_rss_mb']} MB RSS; loaded {result['requests_per_second']} req/s, "
+        f"{result['workers']} workers in {result['processes']} processes: up in {result['startup_seconds']} s; "
+        f"idle {result['idle_cores']} cores, {result['idle_rss_mb']} MB RSS ({result['idle_pss_mb']} MB PSS); loaded {result['requests_per_second']} req/s, "
         f"{result['tokens_per_second']} tokens/s, {result['loaded_cores']} cores, {result['loaded_rss_mb']} MB "
         f"RSS (client {result['client_cores']} cores); step lag mean {result['mean_step_lag_ms']} ms, max "
         f"{result['max_step_lag_ms']} ms; {result['errors']} errors"

@@ -4,7 +4,7 @@
                                [--rate-scale X] [--seed 0] [--duration 60]
                                [--policies kv_cache_aware,predicted_ttft,round_robin,load_balancing]
                                [--load-weight 1.0] [--cache-threshold 0.5] [--offline [--routers N]
-                               [--no-share-load]] [--sim-speedup 0.1]
+                               [--no-share-load]] [--sim-speedup 0.1] [--sim-processes K]
                                [--kv-events-interval 0.5] [--concurrency 4096] [--request-timeout 1800] [--json]
 
 The workload (`scenario.py`) is cut at `--duration` modelled seconds and its arrival rate scaled until it puts
@@ -13,27 +13,35 @@ The workload (`scenario.py`) is cut at `--duration` modelled seconds and its arr
 rate a perfect router could reach with the fleet's cache pooled. Then, for each policy of `--policies`, on a
 fresh fleet (empty caches, zeroed counters):
 
-- live (the default): `tokenfront simulate --workers N --port 0 --sim-speedup S` (0.1) and a fresh
+- live (the default): `tokenfront simulate --workers N --processes K --port 0 --sim-speedup S` (0.1) and a fresh
   `tokenfront route --policy P` in front of it, both real processes on loopback, stopped by their pids after the
-  policy's run. The router's periodic work keeps the modelled clock: it reads each worker's events every
-  `--kv-events-interval` and checks its health every 2 modelled seconds (5 and 20 wall seconds at 0.1), as
-  often as a router on real GPUs would, not ten times as often. The requests are sent open loop, each at its
-  `at` on a clock `--sim-speedup` times slower than the modelled one, as streaming `/v1/completions` of its
-  ids (`TimedRequest.completion_body`, usage included), at most `--concurrency` in flight (a request due
-  while that many are in flight waits, and its wait counts in
-  its TTFT) and each given `--request-timeout` wall seconds. TTFT is the client's: from when the request was due
-  to its first content event, converted to modelled seconds (x the speedup); the hit rate comes from
-  `usage.prompt_tokens_details.cached_tokens`. An answer that is not a 200, breaks off or has no content is an
-  error. A policy `tokenfront route` does not know is skipped with a note.
+  policy's run. The fleet is spread over `--sim-processes` K processes (default: one per 128 workers, at most one
+  per core: 2 at 256 workers), each an event loop on one core, so that it keeps up with its clock; each worker
+  keeps the offline replay's event history (1,000 events) and idle connections for a minute
+  (`servers.SIM_KEEP_ALIVE_SECONDS`). The router's periodic work keeps the modelled clock: it reads each worker's
+  events every `--kv-events-interval` and checks its health every 2 modelled seconds (5 and 20 wall seconds at
+  0.1), as often as a router on real GPUs would, not ten times as often. The requests are sent open loop, each at
+  its `at` on a clock `--sim-speedup` times slower than the modelled one, as streaming `/v1/completions` of its
+  ids (`TimedRequest.completion_body`, usage included), at most `--concurrency` in flight (a request due while
+  that many are in flight waits, and its wait counts in its TTFT) and each given `--request-timeout` wall seconds.
+  TTFT is the client's: from when the request was due to its first content event, converted to modelled seconds (x
+  the speedup); the hit rate comes from `usage.prompt_tokens_details.cached_tokens`. An answer that is not a 200,
+  breaks off or has no content is an error. A policy `tokenfront route` does not know is skipped with a note.
 - `--offline`: the same engines, index and policy in this process on a virtual clock (`replay.py`), no HTTP.
   `--routers N`: N router replicas, the requests dealt to them in turn, each with its own index and policy fed
   by every engine's events, sharing their in-flight load as `--replica-sync-bind` does (at once: the live
   sync's milliseconds left out), or not with `--no-share-load`.
 
 The report, per policy: requests, errors, hit rate, oracle hit rate and their ratio, mean/p50/p99 TTFT,
-throughput, the busiest worker's share of requests and of busy GPU time (`results.py`); live runs add the
-engines' step lateness (`tokenfront_engine_lag_seconds_*`: a mean near the ~8-25 ms step time means the machine,
-not the model, set the pace — slow the clock down). `--json` prints one object:
+throughput, the busiest worker's share of requests and of busy GPU time (`results.py`); live runs add whether
+the fleet kept up: the engines' step lateness, mean and largest (`tokenfront_engine_lag_seconds_*`, wall
+milliseconds: a mean near a step's wall time, ~8-25 modelled ms over the speedup, means the machine, not the
+model, set the pace — slow the clock down or add fleet processes), how many times the router took a worker
+out of its active set (`router_workers_taken_out`, and `router_take_out_reasons` from its log: a check that
+timed out, a worker too busy to answer; 0 when the fleet kept up), the cores the fleet, the router and this
+client used while the requests were sent, and the router's decision and render times (mean, and the bucket its
+p99 is under, from its /metrics) and its renders by outcome (a `late` one is routed by load alone). `--json`
+prints one object:
 
     {"policies": {NAME: {"requests", "errors", "hit_rate", "oracle_hit_rate", "ttft_mean_ms", "ttft_p50_ms",
                          "ttft_p99_ms", "max_worker_share", ...}}, "workers": N, "load": L, ...}
@@ -56,15 +64,29 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
+import uvloop
 
+from benchmarks.fleet.live_client import send_all
 from benchmarks.fleet.load import Calibration, calibrate, round_robin_load
 from benchmarks.fleet.oracle import achievable_hit_rate, fleet_cache_blocks
-from benchmarks.fleet.replay import FLEET_CONTEXT_TOKENS, ReplaySettings, replay_policy
+from benchmarks.fleet.replay import FLEET_CONTEXT_TOKENS, FLEET_EVENT_HISTORY, ReplaySettings, replay_policy
 from benchmarks.fleet.requests import TimedRequest
-from benchmarks.fleet.results import Outcome, PolicyRun, summary
+from benchmarks.fleet.results import PolicyRun, summary
 from benchmarks.fleet.scenario import WORKLOADS, WorkloadSpec
-from benchmarks.servers import Server, launch, launch_tokenfront, stop_all, wait_for_urls, wait_healthy
+from benchmarks.servers import (
+    WORKERS_PER_SIM_PROCESS,
+    Server,
+    engine_gauges,
+    launch,
+    launch_tokenfront,
+    sim_processes,
+    simulate_command,
+    step_lag,
+    stop_all,
+    taken_out,
+    wait_for_urls,
+    wait_healthy,
+)
 from tokenfront import fixtures
 from tokenfront.router.policies import POLICIES, PredictedTtftConfig
 from tokenfront.router.worker_pool import PoolSettings
@@ -138,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "rate_scale": calibration.scale,
         "mode": "offline" if args.offline else "live",
         "sim_speedup": None if args.offline else args.sim_speedup,
+        "sim_processes": None if args.offline else _sim_processes(args),
         "load_weight": args.load_weight,
         "cache_threshold": args.cache_threshold,
         "routers": args.routers,
@@ -238,6 +261,14 @@ def _parser() -> argparse.ArgumentParser:
         help=f"live: the fleet's clock against the modelled GPUs' (default: {DEFAULT_SIM_SPEEDUP})",
     )
     parser.add_argument(
+        "--sim-processes",
+        type=int,
+        default=None,
+        metavar="K",
+        help="live: the fleet's processes, `tokenfront simulate --processes` (default: one per "
+        f"{WORKERS_PER_SIM_PROCESS} workers, at most one per core)",
+    )
+    parser.add_argument(
         "--kv-events-interval",
         type=float,
         default=0.5,
@@ -274,6 +305,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--rate-scale must be more than 0, not {args.rate_scale}")
     if not args.sim_speedup > 0:
         raise ValueError(f"--sim-speedup must be more than 0, not {args.sim_speedup}")
+    if args.sim_processes is not None and not 1 <= args.sim_processes <= args.workers:
+        raise ValueError(f"--sim-processes must be between 1 and --workers, not {args.sim_processes}")
     if args.load_weight < 0 or not 0 <= args.cache_threshold <= 1:
         raise ValueError("--load-weight must not be negative and --cache-threshold must be between 0 and 1")
     if not args.kv_events_interval > 0:
@@ -297,13 +330,26 @@ def _line(policy: str, result: dict[str, Any]) -> str:
         f"{result['ttft_mean_ms']} ms, p50 {result['ttft_p50_ms']} ms, p99 {result['ttft_p99_ms']} ms; "
         f"{result['throughput_requests_per_s']} req/s, {result['output_tokens_per_s']} tokens/s; busiest worker "
         f"{result['max_worker_share']}x the mean requests, {result['max_worker_busy_share']}x the mean GPU time"
-        + (f"; step lag mean {result['engine_lag_mean_ms']} ms" if "engine_lag_mean_ms" in result else "")
+        + (
+            f"; step lag mean {result['engine_lag_mean_ms']} ms, max {result['engine_lag_max_ms']} ms; workers "
+            f"taken out by the router {result['router_workers_taken_out']}; cores used by the fleet "
+            f"{result['fleet_cores']}, the router {result['router_cores']}, the client {result['client_cores']}; "
+            f"router decision mean {result['router_decision_ms']['mean']} ms (p99 under "
+            f"{result['router_decision_ms']['p99_under']} ms); router renders {result['router_renders']}"
+            if "engine_lag_mean_ms" in result
+            else ""
+        )
         + (f"; {result['wall_seconds']} s wall" if "wall_seconds" in result else "")
         + (f" ({result['cpu_seconds']} s CPU)" if "cpu_seconds" in result else "")
     )
 
 
 # ---------------------------------------------------------------------------------------------------- live
+
+
+def _sim_processes(args: argparse.Namespace) -> int:
+    """The live fleet's processes: `--sim-processes`, else `servers.sim_processes`' default."""
+    return int(args.sim_processes) if args.sim_processes is not None else sim_processes(args.workers)
 
 
 def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Namespace) -> PolicyRun:
@@ -313,10 +359,13 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
     started_at = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tokenfront-bench-fleet-") as logs:
         try:
-            command = [sys.executable, "-m", "tokenfront.cli", "simulate", "--model", str(model)]
-            command += ["--workers", str(args.workers), "--host", "127.0.0.1", "--port", "0"]
-            command += ["--sim-speedup", str(args.sim_speedup)]
-            command += ["--sim-max-context-tokens", str(FLEET_CONTEXT_TOKENS), "--log-level", "warning"]
+            command = simulate_command(
+                model,
+                args.workers,
+                _sim_processes(args),
+                *("--sim-speedup", str(args.sim_speedup), "--kv-events-history", str(FLEET_EVENT_HISTORY)),
+                *("--sim-max-context-tokens", str(FLEET_CONTEXT_TOKENS), "--log-level", "warning"),
+            )
             fleet = launch(f"simulate-{policy}", command, port=0, log_dir=Path(logs))
             started.append(fleet)
             ports = wait_for_urls(fleet, args.workers)
@@ -350,12 +399,39 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
             started.append(router)
             wait_healthy([router])
             _wait_for_workers(router, len(urls))
-            outcomes = asyncio.run(_send(router.url, requests, args))
-            counters = _engine_counters(urls)
+            cpu_before = fleet.cpu_seconds(), router.cpu_seconds(), time.process_time()
+            sending = time.perf_counter()
+            # uvloop, as the servers run: the stock loop spent a third of this client's CPU in its selector.
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                outcomes = runner.run(
+                    send_all(
+                        router.url,
+                        requests,
+                        speedup=args.sim_speedup,
+                        concurrency=args.concurrency,
+                        request_timeout=args.request_timeout,
+                    )
+                )
+            sending = time.perf_counter() - sending
+            cpu = [
+                after - before
+                for before, after in zip(
+                    cpu_before, (fleet.cpu_seconds(), router.cpu_seconds(), time.process_time()), strict=True
+                )
+            ]
+            counters = engine_gauges(urls)
+            reasons = taken_out(router)
+            metrics = httpx.get(f"{router.url}/metrics", timeout=30).text
+            decisions = _histogram(metrics, "tokenfront_router_decision_seconds")
+            renders = _histogram(metrics, "tokenfront_router_render_seconds")
+            render_outcomes = {
+                outcome: int(float(count))
+                for outcome, count in re.findall(
+                    r'^tokenfront_router_renders_total\{outcome="(\w+)"\} (\S+)$', metrics, re.MULTILINE
+                )
+            }
         finally:
             stop_all(started)
-    lag_steps = sum(c.get("steps", 0.0) for c in counters)
-    lag_total = sum(c.get("lag_seconds_total", 0.0) for c in counters)
     return PolicyRun(
         policy,
         outcomes,
@@ -363,13 +439,39 @@ def _live_run(policy: str, requests: Sequence[TimedRequest], args: argparse.Name
         [c.get("model_seconds", 0.0) for c in counters],
         extra={
             # Lateness is on the clock (wall seconds): compare it with a step's wall time, step / speedup.
-            "engine_lag_mean_ms": round(1000 * lag_total / lag_steps, 2) if lag_steps else None,
-            "engine_lag_max_ms": round(
-                1000 * max((c.get("lag_seconds_max", 0.0) for c in counters), default=0), 1
-            ),
+            **step_lag(counters),
+            "router_workers_taken_out": sum(reasons.values()),
+            "router_take_out_reasons": reasons,
+            # The router's own time per request (wall ms): its routing decision, and the render step (for a
+            # prompt of ids, checking them), from its /metrics.
+            "router_decision_ms": decisions,
+            "router_render_ms": renders,
+            # Renders by outcome: a "late" one (not done within the router's --render-timeout) is routed by
+            # load alone, without its prefix.
+            "router_renders": render_outcomes,
+            # Where the machine's CPU went while the requests were sent: cores used by each party.
+            "fleet_cores": round(cpu[0] / sending, 3),
+            "router_cores": round(cpu[1] / sending, 3),
+            "client_cores": round(cpu[2] / sending, 3),
             "wall_seconds": round(time.perf_counter() - started_at, 1),
         },
     )
+
+
+def _histogram(text: str, name: str) -> dict[str, float | None]:
+    """A histogram of a /metrics text in wall milliseconds: its mean, and the bucket bound its p99 is under
+    (None above the last bound)."""
+    total = float(re.search(rf"^{name}_sum (\S+)$", text, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    buckets = [
+        (float(bound), float(count))
+        for bound, count in re.findall(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', text, re.MULTILINE)
+    ]
+    count = buckets[-1][1] if buckets else 0.0
+    p99 = next((bound for bound, seen in buckets if seen >= 0.99 * count), None) if count else None
+    return {
+        "mean": round(1000 * total / count, 3) if count else None,
+        "p99_under": round(1000 * p99, 3) if p99 is not None and p99 != float("inf") else None,
+    }
 
 
 def _wait_for_workers(router: Server, workers: int, timeout: float = 120.0) -> None:
@@ -386,91 +488,6 @@ def _wait_for_workers(router: Server, workers: int, timeout: float = 120.0) -> N
                     f"the router has {len(ready)} of {workers} workers ready:\n{router.log_tail()}"
                 )
             time.sleep(0.2)
-
-
-async def _send(url: str, requests: Sequence[TimedRequest], args: argparse.Namespace) -> list[Outcome]:
-    """Every request at its `at` (on the slowed clock), streamed, at most `--concurrency` in flight."""
-    speedup = args.sim_speedup
-    gate = asyncio.Semaphore(args.concurrency)
-    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=256)
-    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-
-        async def one(request: TimedRequest) -> Outcome:
-            due = start + request.at / speedup
-            await asyncio.sleep(max(0.0, due - loop.time()))
-            async with gate:
-                return await _stream(client, request, due, start, speedup)
-
-        return list(await asyncio.gather(*(one(request) for request in requests)))
-
-
-async def _stream(
-    client: httpx.AsyncClient, request: TimedRequest, due: float, start: float, speedup: float
-) -> Outcome:
-    """One streamed completion: TTFT at its first content event, usage from its last chunk."""
-    loop = asyncio.get_running_loop()
-    body = orjson.dumps(request.completion_body())
-    first: float | None = None
-    usage: dict[str, Any] | None = None
-    tokens = 0
-    try:
-        async with client.stream(
-            "POST", "/v1/completions", content=body, headers={"content-type": "application/json"}
-        ) as answer:
-            if answer.status_code != 200:
-                text = (await answer.aread())[:2000]
-                return Outcome(
-                    None, request.prompt_tokens, error=f"status {answer.status_code}: {_code(text)}"
-                )
-            async for line in answer.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = orjson.loads(line[6:])
-                if "error" in chunk:
-                    return Outcome(None, request.prompt_tokens, error=f"error event: {_code(line[6:])}")
-                choices = chunk.get("choices") or []
-                if choices and choices[0].get("text"):
-                    first = loop.time() if first is None else first
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-    except (httpx.HTTPError, orjson.JSONDecodeError) as failure:
-        return Outcome(None, request.prompt_tokens, error=type(failure).__name__)
-    if first is None or usage is None:
-        return Outcome(None, request.prompt_tokens, error="no content" if first is None else "no usage")
-    details = usage.get("prompt_tokens_details") or {}
-    tokens = int(usage.get("completion_tokens") or 0)
-    return Outcome(
-        (first - due) * speedup,
-        int(usage.get("prompt_tokens") or request.prompt_tokens),
-        int(details.get("cached_tokens") or 0),
-        tokens,
-        (loop.time() - start) * speedup,
-    )
-
-
-def _code(body: str | bytes) -> str:
-    """An OpenAI error body's `code` (else its type, else "?"), to count errors by kind."""
-    try:
-        error = orjson.loads(body).get("error") or {}
-    except (orjson.JSONDecodeError, AttributeError):
-        return "?"
-    return str(error.get("code") or error.get("type") or "?") if isinstance(error, dict) else "?"
-
-
-_GAUGE = re.compile(r"^tokenfront_engine_(\w+) (\S+)$", re.MULTILINE)
-
-
-def _engine_counters(urls: Sequence[str]) -> list[dict[str, float]]:
-    """Each worker's `tokenfront_engine_*` gauges from its /metrics (requests, modelled seconds, lateness)."""
-    counters = []
-    with httpx.Client(timeout=30) as client:
-        for url in urls:
-            text = client.get(f"{url}/metrics").text
-            counters.append({name: float(value) for name, value in _GAUGE.findall(text)})
-    return counters
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from tokenfront.router.policies.base import SharedLoad
 from tokenfront.worker.engine import NO_TOKEN, GenerationRequest, SamplingParams
 from tokenfront.worker.engines.simulated import SimulatedEngine, SimulatedGpu
 
-__all__ = ["FLEET_CONTEXT_TOKENS", "ReplaySettings", "replay_policy"]
+__all__ = ["FLEET_CONTEXT_TOKENS", "FLEET_EVENT_HISTORY", "ReplaySettings", "replay_policy"]
 
 # The modelled context of every fleet GPU (offline and live): the agentic workload's longest prompt + answer.
 FLEET_CONTEXT_TOKENS = 131_072
@@ -53,7 +53,8 @@ _EVENTS_PER_READ = 1000
 # Each engine's event history: a poll every 0.5 modelled seconds reads the ~100 events a busy engine writes
 # meanwhile, so a tenth of the worker's default (10,000) is plenty, and 1,000 engines hold a tenth of the memory
 # (stored events carry their blocks' ids). A reader that falls behind anyway is counted (`kv_events_truncated`).
-_EVENT_HISTORY = 1000
+# The live fleet keeps as many (`simulate --kv-events-history`).
+FLEET_EVENT_HISTORY = 1000
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ async def _replay(name: str, requests: Sequence[TimedRequest], settings: ReplayS
     gpu = settings.gpu
     engines = [
         SimulatedEngine(
-            gpu, vocab_size=_VOCAB_SIZE, output_token_ids=_OUTPUT_IDS, kv_event_history=_EVENT_HISTORY
+            gpu, vocab_size=_VOCAB_SIZE, output_token_ids=_OUTPUT_IDS, kv_event_history=FLEET_EVENT_HISTORY
         )
         for _ in range(settings.workers)
     ]

@@ -86,16 +86,21 @@ def test_runner_refuses_bad_flags_with_one_line(capsys: pytest.CaptureFixture[st
     assert capsys.readouterr().err.startswith("error: unknown workload 'poisson': choose one of agentic")
     assert main(["--offline", "--load", "0"]) == 2
     assert capsys.readouterr().err == "error: --load must be more than 0, not 0.0\n"
+    assert main(["--workers", "4", "--sim-processes", "5"]) == 2
+    assert capsys.readouterr().err == "error: --sim-processes must be between 1 and --workers, not 5\n"
 
 
 @pytest.mark.slow
 def test_live_run_through_real_servers(capsys: pytest.CaptureFixture[str]) -> None:
-    # 4 simulated workers and a router per policy, real processes on loopback, 3 modelled seconds of arrivals.
+    # 4 simulated workers in 2 processes and a router per policy, real processes on loopback, 3 modelled seconds
+    # of arrivals.
     report = _report(
         capsys,
         [
             "--workers",
             "4",
+            "--sim-processes",
+            "2",
             "--duration",
             "3",
             "--sim-speedup",
@@ -106,11 +111,17 @@ def test_live_run_through_real_servers(capsys: pytest.CaptureFixture[str]) -> No
     )
     expected = _workload_size(4, 3)
     assert report["mode"] == "live" and report["sim_speedup"] == 1.0 and report["requests"] == expected > 10
+    assert report["sim_processes"] == 2
     assert set(report["policies"]) == {"kv_cache_aware", "round_robin"}
     for entry in report["policies"].values():
         assert set(entry) >= POLICY_FIELDS
         assert (entry["requests"], entry["errors"]) == (expected, 0)
         assert 0 <= entry["hit_rate"] <= 1 and entry["ttft_p50_ms"] > 0
-        assert entry["engine_lag_mean_ms"] is not None
+        assert entry["engine_lag_mean_ms"] is not None and entry["engine_lag_max_ms"] >= 0
+        # Whether the fleet kept up, as the report says it: no worker taken out, and who used the CPU.
+        assert (entry["router_workers_taken_out"], entry["router_take_out_reasons"]) == (0, {})
+        assert entry["fleet_cores"] > 0 and entry["router_cores"] > 0 and entry["client_cores"] > 0
+        assert entry["router_decision_ms"]["mean"] > 0 and entry["router_render_ms"]["mean"] > 0
+        assert entry["router_renders"].get("ok", 0) > 0
     # Round-robin spreads the requests evenly, by the workers' own counts (their /metrics).
     assert report["policies"]["round_robin"]["max_worker_share"] == pytest.approx(1.0, abs=0.1)

@@ -126,6 +126,6 @@ def test_worker_applies_the_exclusion_when_it_renders(pipeline: RenderPipeline) 
     assert excluded > 0
     assert rendered.usage_tokens == len(rendered.token_ids) - excluded
     # Ids sent as prompt_token_ids are counted as they are: only a prompt the worker rendered is trimmed.
-    given = service.prompts.chat(ChatCompletionRequest(**CHAT, prompt_token_ids=rendered.token_ids))
+    given = service.prompts.chat(ChatCompletionRequest(**CHAT, prompt_token_ids=list(rendered.token_ids)))
     assert given.usage_tokens == len(rendered.token_ids)
     assert given.source == "token_ids"

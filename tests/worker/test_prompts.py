@@ -76,8 +76,9 @@ def test_forced_prefix_is_rendered_into_the_prompt_text(
     # The whole text is encoded at once, as the template would have it had it written the prefix.
     assert forced.token_ids == hf_tokenizer.encode(forced.prompt_text, add_special_tokens=False).ids
     assert forced.token_ids[: len(plain.token_ids)] == plain.token_ids
+    # The worker's own copy of the ids is a tuple (a prompt in flight is no list for the garbage collector).
     prompt = hermes.chat(request, forced_tool=hermes.forced_tool(request))
-    assert (prompt.text, prompt.token_ids) == (forced.prompt_text, forced.token_ids)
+    assert (prompt.text, prompt.token_ids) == (forced.prompt_text, tuple(forced.token_ids))
     assert prompt.usage_tokens == len(prompt.token_ids)
     assert prompt.source == "rendered"
 
@@ -85,7 +86,7 @@ def test_forced_prefix_is_rendered_into_the_prompt_text(
 def test_without_a_named_tool_choice_nothing_is_appended(hermes: PromptBuilder) -> None:
     request = ChatCompletionRequest(**{**NAMED, "tool_choice": "auto"})
     assert hermes.forced_tool(request) is None
-    assert hermes.chat(request).token_ids == hermes.pipeline.render_chat(request).token_ids
+    assert hermes.chat(request).token_ids == tuple(hermes.pipeline.render_chat(request).token_ids)
     # What the render routes answer for a named tool_choice (no forced_tool): the prompt without the prefix,
     # as vLLM's render answers, which forces the call by constraining the output.
     named = hermes.pipeline.render_chat(ChatCompletionRequest(**NAMED))
@@ -112,7 +113,7 @@ def test_truncation_keeps_the_end_of_the_prompt_with_its_prefix(
     request = ChatCompletionRequest(**NAMED, truncate_prompt_tokens=keep)
     prompt = short_context.chat(request, forced_tool="get_weather")
     kept = 24 if keep == -1 else keep
-    assert prompt.token_ids == whole.token_ids[-kept:]
+    assert prompt.token_ids == tuple(whole.token_ids[-kept:])
     # The prefix is the prompt's end: the model's continuation is still the arguments.
     assert (prompt.text or "").endswith(HERMES_PREFIX)
     if keep == -1:
@@ -199,7 +200,7 @@ def test_prompt_mode_is_read_from_rendered_text_and_from_given_ids(
     rendered = laguna.chat(request)
     assert rendered.reasoning_ended is ended
     given = laguna.chat(
-        ChatCompletionRequest(messages=NAMED["messages"], prompt_token_ids=rendered.token_ids)
+        ChatCompletionRequest(messages=NAMED["messages"], prompt_token_ids=list(rendered.token_ids))
     )
     # The ids carry no text: the worker decodes their tail and reads the same mode.
     assert given.reasoning_ended is ended
@@ -215,9 +216,11 @@ def test_id_prompts_are_validated(hermes: PromptBuilder) -> None:
     with pytest.raises(APIError, match="empty"):
         hermes.chat(ChatCompletionRequest(messages=NAMED["messages"], prompt_token_ids=[]))
     [item] = hermes.completion(CompletionRequest(prompt=[[1, 2, 3]]))
-    assert item.token_ids == [1, 2, 3]
+    assert item.token_ids == (1, 2, 3)
     assert item.source == "token_ids"
-    assert item.text == hermes.pipeline.tokenizer.decode([1, 2, 3], skip_special_tokens=True)  # for echo
+    assert item.text is None  # not decoded: nothing reads it
+    [echoed] = hermes.completion(CompletionRequest(prompt=[[1, 2, 3]], echo=True))
+    assert echoed.text == hermes.pipeline.tokenizer.decode([1, 2, 3], skip_special_tokens=True)
 
 
 def test_prompts_are_counted_by_source(hermes: PromptBuilder) -> None:

@@ -171,3 +171,66 @@ def test_the_router_sends_a_repeated_prefix_to_the_worker_that_cached_it(
     assert len({workers_of[0] for workers_of in served.values()}) == 4  # new prefixes spread over the fleet
     assert all(len(set(workers_of)) == 1 for workers_of in served.values()), served  # repeats follow them
     assert cached == [992] * 8  # 8 repeats compared, each with the prefix's 62 full blocks cached
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.slow  # real processes: a fleet of three
+def test_a_fleet_spread_over_processes_serves_every_worker_and_stops_as_one(
+    fleet_factory: Callable[..., Fleet],
+) -> None:
+    process, urls = fleet_factory(5, "--processes", "2")
+    assert len(set(urls)) == 5
+    children = _children(process.pid)
+    assert len(children) == 2  # the parent supervises; each child serves its share on its own event loop
+    with httpx.Client(timeout=10) as client:
+        for url in urls:
+            answer = client.post(
+                f"{url}/v1/completions", json={"prompt": list(range(1000, 1040)), "max_tokens": 2}
+            )
+            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
+        # Each worker still has its own engine and event log, in whichever process serves it.
+        assert all(client.get(f"{url}/kv_cache_events").json()["last_seq"] == 1 for url in urls)
+    assert _stop(process) == 0
+    assert not any(Path(f"/proc/{child}").exists() for child in children)
+
+
+@pytest.mark.slow  # real processes: a fleet of three
+def test_a_fleet_process_that_dies_stops_the_fleet(
+    fleet_factory: Callable[..., Fleet], tmp_path: Path
+) -> None:
+    process, _ = fleet_factory(4, "--processes", "2")
+    first, second = sorted(_children(process.pid))
+    # Its workers' caches and logs are gone: the fleet does not replace them behind the routers' backs.
+    os.kill(first, signal.SIGKILL)
+    assert process.wait(timeout=60) == 1
+    assert not Path(f"/proc/{second}").exists()  # stopped, and waited for
+    assert (
+        "exited (killed by SIGKILL) while serving: stopping the fleet"
+        in (tmp_path / "fleet-0.log").read_text()
+    )
+
+
+def test_more_processes_than_workers_is_one_line(qwen3: Path) -> None:
+    result = subprocess.run(
+        [*SIMULATE, "--model", str(qwen3), "--workers", "2", "--processes", "3", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --processes 3 with --workers 2: each process serves one worker at least"
+    ]

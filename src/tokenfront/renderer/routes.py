@@ -37,7 +37,7 @@ from tokenfront.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from tokenfront.server.lean_routes import LeanRoute, json_body, raw_body
+from tokenfront.server.lean_routes import LeanEchoRoute, LeanRoute, json_body, raw_body
 from tokenfront.server.metrics import ServerMetrics
 from tokenfront.server.models import check_model
 from tokenfront.server.render_thread import render_off_loop
@@ -206,7 +206,7 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
     """The render routes; they use the pipeline `pipeline_for` picks for the request's `model`
     (`app.state.pipeline` but on a router). With `tracing`, the chat and completions renders are `render`
     spans (chosen here, once: nothing is checked per request)."""
-    router = APIRouter(tags=["render"], route_class=LeanRoute)
+    router = APIRouter(tags=["render"], route_class=LeanEchoRoute)
     chat_answer, completion_answer = _chat_answer, _completion_answer
     if tracing is not None:
         chat_answer = _answer_of(tracing.traced("render", render_chat_response, _chat_span), "chat")

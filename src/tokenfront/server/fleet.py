@@ -1,5 +1,5 @@
 """Many apps in one process on one event loop, each on a socket of its own: how `tokenfront simulate` serves a
-fleet of simulated workers.
+fleet of simulated workers (`run_fleet`); or spread over several such processes (`run_fleet_processes`).
 
 Each app gets its own uvicorn server (uvloop, and `server.http_protocol`'s bounded httptools connections, as
 `server.process` runs one), with its own lifespan (a worker starts and stops its engine there) and its own
@@ -15,18 +15,31 @@ one-line error at once. uvicorn's own start-up and shutdown lines, one set per s
 SIGTERM or SIGINT stops every server the way `tokenfront serve` stops one: no new connections, in-flight
 requests get the shutdown timeout, then those still running are cut; the process exits 0. A second signal cuts
 at once.
+
+Several processes (`run_fleet_processes`, `simulate --processes K`): one event loop is one core, and a fleet
+whose traffic needs more is spread over K processes forked once the caller has loaded what they share (the
+rendering pipeline: its pages stay shared until written). Child k builds and serves a contiguous K-th of the
+apps on their sockets, bound by the parent beforehand, with `run_fleet`. The parent only supervises: it calls
+`on_ready` with every URL, in order, once every child says its servers listen; it passes SIGTERM or SIGINT on
+to every child and waits for their graceful shutdowns. A child that exits on its own (a crash) is not
+replaced — its workers' caches and logs would start over behind the routers' backs — the others are stopped and
+the parent exits 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import json
 import logging
 import math
+import os
+import selectors
 import signal
 import socket
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import uvicorn
@@ -37,7 +50,7 @@ from tokenfront.server.open_files import fit_open_file_limit
 from tokenfront.server.process import DEFAULT_SHUTDOWN_TIMEOUT
 from tokenfront.tls import ServerTls
 
-__all__ = ["run_fleet"]
+__all__ = ["FleetSettings", "run_fleet", "run_fleet_processes"]
 
 log = logging.getLogger(__name__)
 
@@ -48,32 +61,42 @@ _CUT_GRACE_SECONDS = 5.0
 _READY_POLL_SECONDS = 0.05
 
 
+@dataclass(frozen=True)
+class FleetSettings:
+    """How every server of a fleet runs: its host, logging, graceful shutdown (in-flight requests get
+    `shutdown_timeout` seconds), `connection_limits` (every connection bounded, `max_connections` counting
+    those of all the servers of a process; the defaults when None) and `tls` (every server serves HTTPS with
+    it, `tokenfront.tls`)."""
+
+    host: str
+    log_level: str
+    access_log: bool = False
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    connection_limits: ConnectionLimits | None = None
+    tls: ServerTls | None = None
+
+
 def run_fleet(
     apps: Sequence[Any],
     sockets: Sequence[socket.socket],
+    settings: FleetSettings,
     *,
-    host: str,
-    log_level: str,
-    access_log: bool = False,
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-    connection_limits: ConnectionLimits | None = None,
-    tls: ServerTls | None = None,
     on_ready: Callable[[list[str]], None] | None = None,
 ) -> None:
     """Serve `apps[i]` on `sockets[i]` (bound, not listening) until SIGTERM or SIGINT, all on one event loop.
 
-    `connection_limits` bound every connection, `max_connections` counting those of all the servers (the
-    defaults when None). `on_ready` is called with the base URLs, in the apps' order, once every server
-    listens. Returns after every server has shut down gracefully (in-flight requests get `shutdown_timeout`
-    seconds). `tls`: every server serves HTTPS with it (`tokenfront.tls`).
+    `on_ready` is called with the base URLs, in the apps' order, once every server listens. Returns after every
+    server has shut down gracefully.
     """
+    host, log_level, access_log = settings.host, settings.log_level, settings.access_log
+    shutdown_timeout, tls = settings.shutdown_timeout, settings.tls
     if len(apps) != len(sockets):
         raise ValueError(f"{len(apps)} apps for {len(sockets)} sockets: give one socket per app")
     # As in `server.process`: imported after the CLI's set-up (the torch guard).
     from tokenfront.server.http_protocol import bounded_protocol
     from tokenfront.server.middleware import RequestIdLayer
 
-    limits = connection_limits or ConnectionLimits()
+    limits = settings.connection_limits or ConnectionLimits()
     limits = replace(limits, max_connections=fit_open_file_limit(limits.max_connections + len(apps)))
     protocol = bounded_protocol(limits)  # one for all: its connection table is the process's
 
@@ -97,6 +120,12 @@ def run_fleet(
         members.append(_Member(config, shutdown_timeout, getattr(app, "drain", None)))
     adopt_library_handlers()
     loop = _new_event_loop()
+    # As `server.startup.serve_app` does: what start-up built lives as long as the process, and frozen the
+    # collector never walks it again. Here that is every member's app and engine, their prefix caches and event
+    # logs included (containers that fill up as the fleet runs): walking them all at every full collection
+    # held the loop for seconds at 256 workers (docs/simulation.md).
+    gc.collect()
+    gc.freeze()
     try:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(_serve(members, list(sockets), on_ready))
@@ -105,6 +134,7 @@ def run_fleet(
             sock.close()
         asyncio.set_event_loop(None)
         loop.close()
+        gc.unfreeze()  # collectable again before the interpreter exits, as serve_app leaves it
 
 
 class _Member(uvicorn.Server):
@@ -175,6 +205,153 @@ async def _refresh_date_headers(members: list[_Member], signalled: asyncio.Event
         for member in members:
             if member.started:
                 await member.on_tick(0)
+
+
+def run_fleet_processes(
+    build: Callable[[int], Any],
+    sockets: Sequence[socket.socket],
+    processes: int,
+    settings: FleetSettings,
+    *,
+    on_ready: Callable[[list[str]], None] | None = None,
+) -> int:
+    """Serve app `build(i)` on `sockets[i]` (bound, not listening) from `processes` forked processes, each a
+    `run_fleet` of a contiguous share of them, until SIGTERM or SIGINT (see the module docstring). `build` is
+    called in the child that serves the app. The connection limits hold per process. Returns the exit status:
+    0 when every child stopped gracefully on a signal, 1 when one exited on its own or failed to start."""
+    if not 1 <= processes <= len(sockets):
+        raise ValueError(f"{processes} processes for {len(sockets)} sockets: between 1 and one a socket")
+    shares = [
+        range(k * len(sockets) // processes, (k + 1) * len(sockets) // processes) for k in range(processes)
+    ]
+    # What the caller loaded is shared by the children: frozen, the collectors of the children never write the
+    # objects' headers (which would copy their pages).
+    gc.collect()
+    gc.freeze()
+    stopping = False
+    children: dict[int, int] = {}  # pid -> its share's index
+    ready_pipes: dict[int, int] = {}  # read end -> its share's index
+
+    def stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    signals = {signal.SIGTERM, signal.SIGINT}
+    previous = {sig: signal.signal(sig, stop) for sig in signals}
+    try:
+        for index, share in enumerate(shares):
+            read_end, write_end = os.pipe()
+            # Blocked across the fork: a signal must not reach the child's copy of `stop` (it would signal the
+            # children forked before it).
+            signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+            pid = os.fork()
+            if pid == 0:
+                os.close(read_end)
+                _serve_share(build, sockets, share, write_end, settings)  # never returns
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+            os.close(write_end)
+            children[pid] = index
+            ready_pipes[read_end] = index
+        for sock in sockets:
+            sock.close()  # the children's copies serve them
+        urls = _await_ready(ready_pipes, shares, children, lambda: stopping)
+        if urls is not None and on_ready is not None:
+            on_ready(urls)
+        return _supervise(children, stop, lambda: stopping)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for read_end in ready_pipes:
+            with contextlib.suppress(OSError):
+                os.close(read_end)
+        gc.unfreeze()
+
+
+def _serve_share(
+    build: Callable[[int], Any],
+    sockets: Sequence[socket.socket],
+    share: range,
+    ready: int,
+    settings: FleetSettings,
+) -> None:
+    """A child of `run_fleet_processes`: build and serve the apps of `share`, say on `ready` (a pipe) when they
+    listen, and leave without the parent's clean-up."""
+    code = 0
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)  # until the fleet's own handlers are installed
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+        mine = [sockets[i] for i in share]
+        for index, sock in enumerate(sockets):
+            if index not in share:
+                sock.close()
+        apps = [build(i) for i in share]
+
+        def say_ready(urls: list[str]) -> None:
+            os.write(ready, json.dumps(urls).encode() + b"\n")
+
+        run_fleet(apps, mine, settings, on_ready=say_ready)
+    except BaseException:
+        log.exception("fleet process %d (workers %d to %d) failed", os.getpid(), share.start, share.stop - 1)
+        code = 1
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _await_ready(
+    pipes: dict[int, int], shares: list[range], children: dict[int, int], stopping: Callable[[], bool]
+) -> list[str] | None:
+    """Every share's URLs, in order, once every child said its servers listen; None when a child exited first
+    or a signal came (the supervisor then says why and stops the rest)."""
+    urls: dict[int, list[str]] = {}
+    buffers = dict.fromkeys(pipes, b"")
+    with selectors.DefaultSelector() as selector:
+        for read_end in pipes:
+            selector.register(read_end, selectors.EVENT_READ)
+        while len(urls) < len(shares) and not stopping():
+            for key, _ in selector.select(timeout=_READY_POLL_SECONDS * 10):
+                read_end = int(key.fd)
+                chunk = os.read(read_end, 65536)
+                if not chunk:  # the child exited before it was ready
+                    return None
+                buffers[read_end] += chunk
+                if buffers[read_end].endswith(b"\n"):
+                    urls[pipes[read_end]] = json.loads(buffers[read_end])
+                    selector.unregister(read_end)
+    if stopping():
+        return None
+    return [url for index in range(len(shares)) for url in urls[index]]
+
+
+def _supervise(children: dict[int, int], stop: Callable[[], None], stopping: Callable[[], bool]) -> int:
+    """Wait for every child; one that exits before the parent was signalled stops the rest. The exit status."""
+    status = 0
+    while children:
+        try:
+            pid, code = os.wait()
+        except ChildProcessError:
+            break
+        if children.pop(pid, None) is None:
+            continue
+        failed = not (os.WIFEXITED(code) and os.WEXITSTATUS(code) == 0)
+        if not stopping():
+            log.error("fleet process %d exited (%s) while serving: stopping the fleet", pid, _describe(code))
+            status = 1
+            stop()
+        elif failed:
+            log.error("fleet process %d exited (%s) while stopping", pid, _describe(code))
+            status = 1
+    return status
+
+
+def _describe(code: int) -> str:
+    if os.WIFSIGNALED(code):
+        return f"killed by {signal.Signals(os.WTERMSIG(code)).name}"
+    return f"exit status {os.WEXITSTATUS(code)}"
 
 
 def _url(config: uvicorn.Config) -> str:

@@ -6,9 +6,9 @@ its field wrappers, response serialization) costs several times what rendering a
 route reads the body once, parses it with orjson (`responses.loads_request`: strict UTF-8 JSON, so NaN,
 Infinity, lone surrogates, a byte order mark or UTF-16 are a 400 naming the problem, never an answer that
 cannot be encoded), validates it with the endpoint's pydantic body model (a large body on the decode thread,
-off the event loop), keeps the parsed object and the raw bytes on the request (`json_body`,
-`raw_body`), and calls the endpoint directly. The endpoint returns a `Response`, or a value encoded with
-orjson. Errors are the app's usual OpenAI-shaped errors.
+off the event loop), keeps the raw bytes on the request (`raw_body`) — and the parsed object too on a
+`LeanEchoRoute`, whose endpoint reads it again (`json_body`) — and calls the endpoint directly. The endpoint
+returns a `Response`, or a value encoded with orjson. Errors are the app's usual OpenAI-shaped errors.
 
 Endpoints take exactly two parameters: the body model and the `Request`.
 """
@@ -36,7 +36,7 @@ from tokenfront.server.responses import JSONBytesResponse, RequestJSONError, loa
 if typing.TYPE_CHECKING:
     from tokenfront.server.direct import DirectAnswer
 
-__all__ = ["INLINE_BODY_BYTES", "LeanRoute", "json_body", "parse_body", "raw_body"]
+__all__ = ["INLINE_BODY_BYTES", "LeanEchoRoute", "LeanRoute", "json_body", "parse_body", "raw_body"]
 
 _JSON_KEY = "tokenfront.json_body"
 _RAW_KEY = "tokenfront.raw_body"
@@ -50,7 +50,7 @@ _DECODE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenfron
 
 
 def json_body(request: Request) -> Any:
-    """The parsed JSON body of a lean route's request."""
+    """The parsed JSON body of a `LeanEchoRoute`'s request."""
     return request.scope[_JSON_KEY]
 
 
@@ -68,6 +68,10 @@ class LeanRoute(APIRoute):
     """
 
     direct: DirectAnswer | None = None
+    # Whether the parsed body stays on the request for the endpoint (`json_body`). Not by default: the request
+    # (its scope) lives as long as its answer, a stream included, and a parsed body holds the garbage
+    # collector's objects — a long id prompt is a list it walks id by id at every full collection.
+    keeps_json_body = False
 
     async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer one request on this route, errors included."""
@@ -84,6 +88,7 @@ class LeanRoute(APIRoute):
     def _build_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         model, model_param, request_param = _signature(self.endpoint)
         endpoint = self.endpoint
+        keeps_json_body = self.keeps_json_body
 
         async def handler(request: Request) -> Response:
             body = await request.body()
@@ -98,12 +103,21 @@ class LeanRoute(APIRoute):
                 payload, parsed = await asyncio.get_running_loop().run_in_executor(
                     _DECODE_THREAD, context.run, _decode_large, model, body, content_type, limits
                 )
-            request.scope[_JSON_KEY] = payload
+            if keeps_json_body:
+                request.scope[_JSON_KEY] = payload
+            del payload
             request.scope[_RAW_KEY] = body
             result = await endpoint(**{model_param: parsed, request_param: request})
             return result if isinstance(result, Response) else JSONBytesResponse(result)
 
         return handler
+
+
+class LeanEchoRoute(LeanRoute):
+    """A `LeanRoute` whose endpoint reads the parsed body again (`json_body`: the render routes, whose answer
+    carries the request back)."""
+
+    keeps_json_body = True
 
 
 def _signature(endpoint: Callable[..., Any]) -> tuple[type[BaseModel], str, str]:

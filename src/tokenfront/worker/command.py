@@ -169,23 +169,34 @@ def _run_serve_simulated(args: argparse.Namespace) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    """`tokenfront simulate`: --workers simulated workers in this process, on one event loop, one port each."""
+    """`tokenfront simulate`: --workers simulated workers, one port each, on one event loop in this process or
+    spread over --processes forked processes."""
     from tokenfront.core.torch_guard import hide_torch
 
     hide_torch()
     gpu = _check_simulated_options(args)
-    tracing = start_tracing(args, "worker")  # one exporter for every worker of the fleet
+    if args.processes > args.workers:
+        raise TokenfrontError(
+            f"--processes {args.processes} with --workers {args.workers}: each process serves one worker at least"
+        )
+    # One exporter for every worker of the fleet; with several processes each starts its own (a thread does
+    # not survive a fork).
+    tracing = start_tracing(args, "worker") if args.processes == 1 else None
     sockets = _bind_fleet_ports(args.host, args.port, args.workers)  # before loading anything
     from tokenfront.core.render import RenderPipeline
-    from tokenfront.server.fleet import run_fleet
+    from tokenfront.server.fleet import FleetSettings, run_fleet, run_fleet_processes
     from tokenfront.worker.app import create_worker_app
     from tokenfront.worker.engines.simulated import SimulatedEngine, output_token_pool
 
     # One pipeline and one output pool for every worker: they all render alike (the same fingerprint).
     pipeline = RenderPipeline.load(options_from_args(args))
     pool = output_token_pool(pipeline)
-    apps = [
-        create_worker_app(
+    traced: list[Any] = []  # a forked process's own exporter, started on its first app
+
+    def build(_: int) -> Any:
+        if args.processes > 1 and not traced:
+            traced.append(start_tracing(args, "worker"))
+        return create_worker_app(
             pipeline,
             SimulatedEngine.for_pipeline(
                 gpu, pipeline, output_token_ids=pool, kv_event_history=args.kv_events_history
@@ -194,15 +205,15 @@ def run_simulate(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             request_limits=request_limits(args),
             show_paths=args.show_paths,
-            tracing=tracing,
+            tracing=tracing if args.processes == 1 else traced[0],
         )
-        for _ in sockets
-    ]
+
     if args.log_level != "debug":  # a line per worker engine starting would bury the fleet's own lines
         logging.getLogger("tokenfront.worker.app").setLevel(logging.WARNING)
     log.info(
-        "simulated fleet: %d workers, model %s, fingerprint %s, speedup %g",
-        len(apps),
+        "simulated fleet: %d workers%s, model %s, fingerprint %s, speedup %g",
+        len(sockets),
+        f" in {args.processes} processes" if args.processes > 1 else "",
         ", ".join(pipeline.served_model_names),
         pipeline.fingerprint.digest[:16],
         gpu.speedup,
@@ -212,17 +223,17 @@ def run_simulate(args: argparse.Namespace) -> int:
         print("\n".join(urls), flush=True)  # stdout: one base URL a line, for scripts
         log.info("simulated fleet ready: %d workers, %s to %s", len(urls), urls[0], urls[-1])
 
-    run_fleet(
-        apps,
-        sockets,
+    settings = FleetSettings(
         host=args.host,
         log_level=args.log_level,
         access_log=args.access_log,
         shutdown_timeout=args.shutdown_timeout,
         connection_limits=connection_limits(args),
         tls=args.tls,
-        on_ready=ready,
     )
+    if args.processes > 1:
+        return run_fleet_processes(build, sockets, args.processes, settings, on_ready=ready)
+    run_fleet([build(index) for index in range(len(sockets))], sockets, settings, on_ready=ready)
     return 0
 
 
@@ -466,11 +477,11 @@ def add_simulate_command(commands: Any) -> None:
     """`tokenfront simulate`'s parser."""
     simulate = commands.add_parser(
         "simulate",
-        help="a fleet of simulated GPU workers in one process, each the real worker API on its own port",
+        help="a fleet of simulated GPU workers in one process (or a few), each the real worker API on its own port",
         description="Start --workers workers as `tokenfront serve --engine simulated` runs one (a modelled "
         "GPU behind the real worker routes: tokenizer files only, no torch), all in this process on one event "
-        "loop, sharing one rendering pipeline; worker i listens on --port + i. Once every worker listens, "
-        "their base URLs are printed on stdout, one a line. docs/simulation.md",
+        "loop (or spread over --processes), sharing one rendering pipeline; worker i listens on --port + i. "
+        "Once every worker listens, their base URLs are printed on stdout, one a line. docs/simulation.md",
     )
     add_render_arguments(simulate)
     add_server_arguments(simulate, default_port=9000)
@@ -484,6 +495,15 @@ def add_simulate_command(commands: Any) -> None:
         default=8,
         metavar="N",
         help="simulated workers, each its own app, engine and prefix cache on its own port (default: 8)",
+    )
+    simulate.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="spread the workers over K processes, each serving a K-th of them on its own event loop (one core "
+        "each), forked once the pipeline has loaded (they share its memory); --max-connections counts per "
+        "process (default: 1; docs/simulation.md says when one is not enough)",
     )
     add_engine_arguments(simulate, simulated_only=True)
     simulate.set_defaults(handler=run_simulate)

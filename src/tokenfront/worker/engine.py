@@ -9,7 +9,7 @@ engines/simulated.py models a GPU worker without one (docs/simulation.md); anoth
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,7 +49,7 @@ class GenerationRequest:
     """One sequence to generate. `n` > 1 is the service layer's business: it submits n of these."""
 
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: Sequence[int]
     params: SamplingParams
     cache_salt: str | None = None
     constraint: TokenConstraint | None = None

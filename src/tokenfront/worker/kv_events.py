@@ -70,16 +70,16 @@ class KvEventLog:
         return self._append(
             {
                 "type": "stored",
-                "block_hashes": list(block_hashes),
+                "block_hashes": tuple(block_hashes),
                 "parent_block_hash": parent_block_hash,
-                "token_ids": [list(ids) for ids in token_ids],
+                "token_ids": tuple(map(tuple, token_ids)),  # tuples given are kept, not copied (`_answered`)
                 "tokens_per_block": tokens_per_block,
             }
         )
 
     def removed(self, block_hashes: Sequence[int]) -> int:
         """Record blocks as removed (evicted); return the event's sequence number."""
-        return self._append({"type": "removed", "block_hashes": list(block_hashes)})
+        return self._append({"type": "removed", "block_hashes": tuple(block_hashes)})
 
     def cleared(self) -> int:
         """Record that every block was dropped; return the event's sequence number."""
@@ -120,7 +120,7 @@ class KvEventLog:
                 start = oldest_seq - 1 if truncated else after
                 # Sequence numbers are contiguous in the deque, so the first wanted event is at a known index.
                 first = start - (oldest_seq - 1)
-                events = [dict(event) for event in itertools.islice(self._events, first, first + limit)]
+                events = [_answered(event) for event in itertools.islice(self._events, first, first + limit)]
         answer: dict[str, Any] = {
             "events": events,
             "last_seq": last_seq,
@@ -143,3 +143,15 @@ class KvEventLog:
             for receive in self._taps:
                 receive(entry)
             return self._last_seq
+
+
+def _answered(event: dict[str, Any]) -> dict[str, Any]:
+    """A held event as `read` hands it out: a copy in the shape the module docstring gives (lists, as a reader
+    of the JSON gets them). The log holds tuples, which the garbage collector stops scanning once they survive
+    a collection: a fleet of simulated workers holds millions of blocks' ids in its logs."""
+    answer = dict(event)
+    if "block_hashes" in answer:
+        answer["block_hashes"] = list(answer["block_hashes"])
+    if "token_ids" in answer:
+        answer["token_ids"] = [list(ids) for ids in answer["token_ids"]]
+    return answer

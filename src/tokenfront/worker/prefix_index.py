@@ -114,8 +114,11 @@ class PrefixBlockIndex:
         self.stored_blocks += len(new_hashes)
         if self.events is not None:
             size = self.tokens_per_block
-            ids = [token_ids[index * size : (index + 1) * size] for index in range(known, len(hashes))]
-            self.events.stored(new_hashes, first_parent, ids, size)
+            # One tuple of the new blocks' ids, cut into a tuple a block: the log keeps them as they are, and
+            # tuples of ints leave the garbage collector's lists (a fleet's logs hold millions of blocks).
+            ids = tuple(token_ids[known * size : len(hashes) * size])
+            blocks = [ids[offset : offset + size] for offset in range(0, len(ids), size)]
+            self.events.stored(new_hashes, first_parent, blocks, size)
         return len(new_hashes)
 
     def snapshot(self) -> KvSnapshot:

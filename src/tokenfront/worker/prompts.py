@@ -32,12 +32,16 @@ class PromptInput:
     """A prompt ready for the engine.
 
     `usage_tokens` is what `usage.prompt_tokens` reports (the family may exclude a rendered tail); `text` the
-    text the ids were encoded from (None for given chat ids; a completions id prompt's decoded text, for
-    echo); `source` "rendered" or "token_ids"; `reasoning_ended` the prompt's reasoning mode, read only for
-    a parser that takes it from the prompt.
+    text the ids were encoded from (None for given chat ids; a completions id prompt's decoded text when the
+    request asks for echo, else None); `source` "rendered" or "token_ids"; `reasoning_ended` the prompt's
+    reasoning mode, read only for a parser that takes it from the prompt.
+
+    The ids are a tuple: a prompt lives as long as its request, and a tuple of ints leaves the garbage
+    collector's lists once it survives a collection, where a list's every id is walked again at each full
+    collection (thousands of long prompts in flight in a simulated fleet made those pauses last seconds).
     """
 
-    token_ids: list[int]
+    token_ids: tuple[int, ...]
     usage_tokens: int
     source: str
     text: str | None = None
@@ -92,22 +96,25 @@ class PromptBuilder:
             if reads_mode:
                 # Only the tail tells the mode: decode the last few ids (special tokens are markers too).
                 ended = reasoning_ended(parser, self._decode_raw(ids[-_PROMPT_TAIL_TOKENS:]))
-            return PromptInput(ids, len(ids), "token_ids", reasoning_ended=ended)
+            return PromptInput(tuple(ids), len(ids), "token_ids", reasoning_ended=ended)
         rendered = self.pipeline.render_chat(request, forced_tool=forced_tool)
         self.metrics.prompt("chat", "rendered", rendered.token_ids)
         text, ids = rendered.prompt_text or "", rendered.token_ids
         usage = usage_prompt_tokens(self.family, text, ids, self._decode_raw)
         ended = rendered.reasoning_ended if reads_mode else None
-        return PromptInput(ids, usage, "rendered", text=text, reasoning_ended=ended)
+        return PromptInput(tuple(ids), usage, "rendered", text=text, reasoning_ended=ended)
 
     def completion(self, request: CompletionRequest) -> list[PromptInput]:
-        """The prompts of a completions request, one per item: text rendered, ids as given."""
+        """The prompts of a completions request, one per item: text rendered, ids as given (their text decoded
+        only for `echo`, its one reader: a long id prompt's decode costs more than the rest of the request)."""
         prompts = []
         for item in self.pipeline.render_completion(request):
             source = "token_ids" if item.prompt_text is None else "rendered"
             self.metrics.prompt("completion", source, item.token_ids)
-            text = self._decode(item.token_ids) if item.prompt_text is None else item.prompt_text
-            prompts.append(PromptInput(item.token_ids, len(item.token_ids), source, text))
+            text = item.prompt_text
+            if text is None and request.echo:
+                text = self._decode(item.token_ids)
+            prompts.append(PromptInput(tuple(item.token_ids), len(item.token_ids), source, text))
         return prompts
 
     def _check_ids(self, ids: list[int], param: str) -> None:

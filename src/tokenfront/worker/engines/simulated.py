@@ -214,18 +214,32 @@ class _Sequence:
     stream: GenerationStream
     outputs: asyncio.Queue[TokenOutput | BaseException]
     rng: random.Random
-    token_ids: list[int]
-    prompt_tokens: int
+    # The prompt and the prompt's full blocks as tuples, which the garbage collector stops scanning once they
+    # survive a collection: a fleet holds hundreds of long prompts in flight (docs/simulation.md).
+    prompt: tuple[int, ...]
     reserved_tokens: int  # its share of max_running_tokens while admitted: prompt + max_tokens
-    hashes: list[int] = field(default_factory=list)  # the prompt's full blocks, set on admission
+    output: list[int] = field(default_factory=list)  # the ids generated so far
+    hashes: tuple[int, ...] = ()  # the prompt's full blocks, set on admission
     computed: int = 0  # leading prompt tokens whose KV exists (cached or prefilled)
-    generated: int = 0
     admitted: bool = False
     done: bool = False
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def generated(self) -> int:
+        return len(self.output)
+
+    @property
+    def length(self) -> int:
+        """Prompt and output tokens: its context."""
+        return len(self.prompt) + len(self.output)
 
 
 @dataclass
@@ -348,7 +362,7 @@ class SimulatedEngine(Engine):
             raise RuntimeError("the engine is not running: call start() first")
         if request.request_id in self._live:
             raise ValueError(f"request id {request.request_id!r} is already running")
-        prompt = list(request.prompt_token_ids)
+        prompt = tuple(request.prompt_token_ids)
         outputs: asyncio.Queue[TokenOutput | BaseException] = asyncio.Queue()
         stream = GenerationStream(request.request_id, len(prompt))
         budget = request.params.max_tokens
@@ -359,8 +373,7 @@ class SimulatedEngine(Engine):
             stream=stream,
             outputs=outputs,
             rng=self._rng(request),
-            token_ids=prompt,
-            prompt_tokens=len(prompt),
+            prompt=prompt,
             reserved_tokens=len(prompt) + budget,
         )
         stream._outputs = self._read(sequence)
@@ -493,7 +506,7 @@ class SimulatedEngine(Engine):
             budget -= end - sequence.computed
         prefill = gpu.prefill_step_seconds([(sequence.computed, end) for sequence, end in chunks])
         decoding = list(self._running)
-        kv_tokens = sum(len(sequence.token_ids) for sequence in decoding)
+        kv_tokens = sum(sequence.length for sequence in decoding)
         decode = gpu.decode_seconds(len(decoding), kv_tokens) if decoding else 0.0
         return _Step(chunks, decoding, prefill, decode)
 
@@ -507,8 +520,8 @@ class SimulatedEngine(Engine):
     def _admit(self, sequence: _Sequence) -> None:
         """Look the prompt up in the prefix cache (its last token is always computed) and join the batch."""
         size = self.gpu.tokens_per_block
-        prompt = sequence.token_ids
-        sequence.hashes = block_hashes(prompt, size, sequence.request.cache_salt)
+        prompt = sequence.prompt
+        sequence.hashes = tuple(block_hashes(prompt, size, sequence.request.cache_salt))
         held = self.prefix_cache.match(sequence.hashes[: (len(prompt) - 1) // size])
         cached = held * size
         sequence.computed = cached
@@ -539,7 +552,7 @@ class SimulatedEngine(Engine):
             if sequence.done or sequence.request_id in self._aborts:
                 continue
             sequence.computed = end
-            self.prefix_cache.store(sequence.hashes[: end // size], sequence.token_ids)
+            self.prefix_cache.store(sequence.hashes[: end // size], sequence.prompt)
             if end == sequence.prompt_tokens:
                 self._prefilling.remove(sequence)
                 self._running.append(sequence)
@@ -556,13 +569,12 @@ class SimulatedEngine(Engine):
         """Draw the sequence's next token and send it, ending the sequence if it must."""
         params = sequence.request.params
         token = self._pool[sequence.rng.randrange(len(self._pool))]
-        sequence.token_ids.append(token)
-        sequence.generated += 1
+        sequence.output.append(token)
         finish = None
         if token in params.stop_token_ids:
             finish = "stop"
         elif sequence.generated >= params.max_tokens or (
-            self.max_context is not None and len(sequence.token_ids) >= self.max_context
+            self.max_context is not None and sequence.length >= self.max_context
         ):
             finish = "length"
         logprob, top = self._logprobs(token, params.logprobs)
@@ -588,12 +600,14 @@ class SimulatedEngine(Engine):
     def _leave(self, sequence: _Sequence) -> None:
         """Keep the full blocks of prompt + generated ids whose KV was computed (all but the last token)."""
         size = self.gpu.tokens_per_block
-        computed = len(sequence.token_ids) - 1 if sequence.generated else sequence.computed
+        computed = sequence.length - 1 if sequence.generated else sequence.computed
         blocks = computed // size
-        hashes = sequence.hashes
+        hashes: Sequence[int] = sequence.hashes
+        token_ids: Sequence[int] = sequence.prompt
         if blocks > len(hashes):  # the answer filled blocks of its own: name them too
-            hashes = block_hashes(sequence.token_ids[: blocks * size], size, sequence.request.cache_salt)
-        self.prefix_cache.store(hashes[:blocks], sequence.token_ids)
+            token_ids = sequence.prompt + tuple(sequence.output)
+            hashes = block_hashes(token_ids[: blocks * size], size, sequence.request.cache_salt)
+        self.prefix_cache.store(hashes[:blocks], token_ids)
 
     def _end(self, sequence: _Sequence) -> None:
         sequence.done = True
