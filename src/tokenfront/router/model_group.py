@@ -110,14 +110,25 @@ class ModelGroups:
     """The router's models, in its order: the first is the default (a request naming no model goes there)."""
 
     def __init__(self, groups: Sequence[ModelGroup]) -> None:
+        """ValueError when there is no group, or two groups share a served name."""
+        self.groups: tuple[ModelGroup, ...] = ()
+        self.replace(groups)
+
+    def replace(self, groups: Sequence[ModelGroup]) -> None:
+        """Serve `groups` from now on (a reload of `--config`: `router.config_reload`). One synchronous step on
+        the event loop, so a request sees the old models or the new ones, never a mix; a request planned before
+        keeps the group its plan holds. ValueError (nothing changed) when there is no group, or two groups share
+        a served name."""
         if not groups:
             raise ValueError("a router serves at least one model")
-        self.groups: tuple[ModelGroup, ...] = tuple(groups)
+        placement = ModelPlacement([group.served_model_names for group in groups])
+        by_key = {group.key: group for group in groups}
+        self.groups = tuple(groups)
         self.default = self.groups[0]
-        self.placement = ModelPlacement([group.served_model_names for group in self.groups])
-        self.by_key = {group.key: group for group in self.groups}
+        self.placement = placement
+        self.by_key = by_key
         # Every served name -> its group: the request's one lookup.
-        self._by_name = {name: self.by_key[key] for name, key in self.placement.key_of.items()}
+        self._by_name = {name: by_key[key] for name, key in placement.key_of.items()}
 
     @property
     def several(self) -> bool:
