@@ -344,13 +344,17 @@ class ConfigReloader:
         for model in plan:  # a gate's log lines name its model among several
             model.group.gate.model = model.group.key if several else None
         self.groups.replace([model.group for model in plan])
+        self.pool.on_change()  # the new gates decided at once, over the workers each model has
         if self.on_swap is not None:
             self.on_swap()
-        self.pool.use_models(self.groups.placement, self.groups.probers())
         self._tables = {model.group.key: model.table for model in plan}
         self.digest, self.generation, self.loaded_at = digest, self.generation + 1, time.time()
+        # The workers of the tables removed leave first (drained), then the others are placed again.
+        self._source.specs = tuple(spec for spec in self._source.specs if spec in new_specs)
+        await self.members.refresh()
+        self.pool.use_models(self.groups.placement, self.groups.probers())
         self._source.specs = tuple(new_specs)
-        await self.members.refresh()  # the workers of the models removed leave, drained
+        await self.members.refresh()  # a renamed model's workers, when they could not join before the swap
         kept = {id(model.group) for model in plan}
         self._retire([group for group in old if id(group) not in kept])
         return _summary(plan, [group.key for group in old if group.key not in self.groups.by_key])

@@ -162,9 +162,9 @@ class ModelGroups:
 
     def of_worker(self, worker: Worker) -> ModelGroup | None:
         """The group a worker belongs to (None: none of the router's models). With one model, that one,
-        checked or not: every worker belongs to it."""
+        checked or not: every worker belongs to it but one pinned to a model it does not serve (`_takes`)."""
         if not self.several:
-            return self.default
+            return self.default if self._takes(worker) else None
         key = worker.model_group
         return self.by_key.get(key) if key is not None else None
 
@@ -183,12 +183,21 @@ class ModelGroups:
 
     def members(self, pool: WorkerPool, group: ModelGroup) -> list[Worker]:
         """The active workers of `group`: its gate looks at these, its requests go to these. With one model,
-        every active worker (each belongs to it)."""
-        return pool.members(group.key) if self.several else pool.active()
+        every active worker (each belongs to it, `_takes`)."""
+        if self.several:
+            return pool.members(group.key)
+        return [worker for worker in pool.active() if self._takes(worker)]
 
     def candidates(self, pool: WorkerPool, group: ModelGroup, model: str | None) -> list[Worker]:
         """The active workers of `group` that a request naming `model` may go to (`WorkerPool.serving`)."""
-        return pool.serving(model, group.key if self.several else None)
+        if self.several:
+            return pool.serving(model, group.key)
+        return [worker for worker in pool.serving(model) if self._takes(worker)]
+
+    def _takes(self, worker: Worker) -> bool:
+        """Whether the one model takes a worker: any, but one pinned to a name it does not serve — a model a
+        reload of --config adds (its workers join before it serves) or removes (its workers are leaving)."""
+        return worker.pinned_model is None or worker.pinned_model in self._by_name
 
     def evaluate(self, pool: WorkerPool) -> list[GateState]:
         """Every model's forwarding decided again, each over its own active workers."""
