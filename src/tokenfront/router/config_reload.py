@@ -378,7 +378,9 @@ class ConfigReloader:
 
     def _retire(self, groups: Sequence[ModelGroup]) -> None:
         """Stop the render processes of groups no longer served, once no render asked of them can be waited for."""
-        renders = [group.renders for group in groups if group.renders is not None and group.renders.pool]
+        renders = [
+            group.renders for group in groups if group.renders is not None and group.renders.pool is not None
+        ]
         if not renders:
             return
 
