@@ -30,12 +30,15 @@ from tokenfront.protocol.limits import DEFAULT_LIMITS, RequestLimits
 from tokenfront.renderer.derender import derender_router
 from tokenfront.renderer.routes import render_router
 from tokenfront.router.bounded_render import RenderSettings
+from tokenfront.router.config_reload import ConfigReloader, ConfigSettings, GroupBuilder
 from tokenfront.router.fleet_metrics import FleetMetrics
+from tokenfront.router.hangup import Hangup
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.kv_warmup import warm_kv_index
 from tokenfront.router.metrics import RouterMetrics
 from tokenfront.router.model_group import ModelGroup, ModelGroups
 from tokenfront.router.policies import build_policy
+from tokenfront.router.policies.base import Policy
 from tokenfront.router.proxy import Proxy
 from tokenfront.router.replica_sync import DEFAULT_HEARTBEAT, DEFAULT_PEER_TIMEOUT, ReplicaSync
 from tokenfront.router.routes import (
@@ -92,6 +95,9 @@ class RouterSettings:
     # `--worker-source-interval` seconds and on SIGHUP.
     worker_sources: Sequence[WorkerSource] = ()
     worker_source_interval: float = DEFAULT_INTERVAL
+    # `--config`: the file the models were read from, followed while the router serves (`router.config_reload`:
+    # read every `worker_source_interval` seconds and on SIGHUP); None: `--model`, read once.
+    config: ConfigSettings | None = None
     # Load shared with other router replicas (`--replica-sync-bind`, `--replica-peer`: `router.replica_sync`);
     # None: this router counts only its own requests.
     replica_sync: ReplicaSyncSettings | None = None
@@ -145,7 +151,8 @@ def create_router_app(
     kv_index = KvIndex()
     server_metrics = ServerMetrics()
     metrics = RouterMetrics(server_metrics.registry)
-    groups = _model_groups(pipelines, settings, kv_index, metrics)
+    build_group = _group_builder(settings, kv_index, metrics)
+    groups = _model_groups(pipelines, settings, build_group)
     # This process's id: sent to workers with every request (VIA_HEADER) and published on /server_info, so
     # that a URL reaching this router, or a router routing back to it, is found however it is spelled.
     router_id = secrets.token_hex(8)
@@ -159,10 +166,29 @@ def create_router_app(
     )
     if settings.listen is not None:
         pool.note_own_address(*settings.listen)
-    check_worker_specs(pool, settings.workers)
-    check_worker_admission(settings)
+    admission = Admission(settings.worker_allow, settings.max_workers)
+    config = (
+        ConfigReloader(
+            settings.config,
+            groups,
+            pool,
+            admission,
+            build_group=build_group,
+            reloads=metrics.config_reloads,
+            interval=settings.worker_source_interval,
+            render_grace=settings.render.timeout,
+            on_render_replaced=metrics.render_processes_replaced.inc,
+            one_model=_ONE_MODEL if settings.replica_sync is not None else None,
+            on_swap=lambda: setattr(app.state, "pipeline", groups.default.pipeline),
+        )
+        if settings.config is not None
+        else None
+    )
+    configured = [*settings.workers, *(config.pinned_workers if config is not None else ())]
+    check_worker_specs(pool, configured)
+    check_worker_admission(settings, configured)
     routing_metrics = RoutingMetrics(server_metrics.registry, groups.default.policy, pool, groups.policy_of)
-    server_metrics.registry.register(FleetMetrics(pool, *(group.gate for group in groups.groups)))
+    server_metrics.registry.register(FleetMetrics(pool, gates_of=lambda: [g.gate for g in groups.groups]))
     pool.on_change = lambda: _reevaluate(pool, groups, metrics)
     proxy = Proxy(
         pipeline=groups.default.pipeline,
@@ -189,7 +215,7 @@ def create_router_app(
     app = create_app(
         role="router",
         title="tokenfront router",
-        server_info=lambda: router_info(proxy, kv_index, settings.policy),
+        server_info=lambda: router_info(proxy, kv_index, settings.policy, config),
         model_names=lambda: served_model_names(proxy),
         api_key=api_key,
         max_body_bytes=max_body_bytes,
@@ -215,10 +241,13 @@ def create_router_app(
     app.include_router(render_router(tracing) if pipelines else render_unavailable_router())
     app.include_router(derender_router())
     app.include_router(inspector_router())  # its workers; a router with a tokenizer renders there too
-    admission = Admission(settings.worker_allow, settings.max_workers)
     sources = WorkerSources(settings.worker_sources, pool, admission, settings.worker_source_interval)
     app.state.worker_sources = sources
-    app.router.lifespan_context = _lifespan(pool, groups, metrics, settings.workers, proxy, sources)
+    app.state.config = config
+    # One SIGHUP handler reads every file the router follows (none: SIGHUP ends the router, as any process).
+    readers = [*([sources.reload] if sources.members else []), *([config.reload] if config else [])]
+    parts = _Parts(pool, groups, metrics, proxy, sources, config, Hangup(readers))
+    app.router.lifespan_context = _lifespan(parts, settings.workers)
     # Outermost on both paths (FastAPI's and the lean routes'), before auth: a request carrying this router's
     # own id came back to it.
     app.add_middleware(LoopGuard, router_id=router_id)
@@ -241,18 +270,22 @@ def _or_none(pipelines: Sequence[RenderPipeline]) -> Sequence[RenderPipeline | N
     return pipelines if pipelines else [None]
 
 
-def _model_groups(
-    pipelines: Sequence[RenderPipeline], settings: RouterSettings, kv_index: KvIndex, metrics: RouterMetrics
-) -> ModelGroups:
-    """One group per pipeline (one group without a pipeline when there is none), each with its own policy.
-    TokenfrontError (one line) when two models share a served name, or a worker is pinned to a name none
-    serves."""
-    several = len(pipelines) > 1
-    groups = [
-        ModelGroup.build(
+# Why a router with replica sync keeps one model on a reload of --config.
+_ONE_MODEL = (
+    "--replica-sync-bind shares one model's load, so this router keeps one model; run one router per model"
+)
+
+
+def _group_builder(settings: RouterSettings, kv_index: KvIndex, metrics: RouterMetrics) -> GroupBuilder:
+    """How a model's group is made (at start-up and on a reload of --config): its pipeline, the policy to keep
+    (None: a new one, with the router's --policy and weights), and whether the router serves several models."""
+
+    def build(pipeline: RenderPipeline | None, policy: Policy | None, several: bool) -> ModelGroup:
+        return ModelGroup.build(
             pipeline,
             served_model_names=settings.served_model_names,
-            policy=build_policy(
+            policy=policy
+            or build_policy(
                 settings.policy,
                 kv_index=kv_index,
                 load_weight=settings.load_weight,
@@ -265,8 +298,18 @@ def _model_groups(
             render_seconds=metrics.render_seconds,
             name_in_logs=several,
         )
-        for pipeline in _or_none(pipelines)
-    ]
+
+    return build
+
+
+def _model_groups(
+    pipelines: Sequence[RenderPipeline], settings: RouterSettings, build_group: GroupBuilder
+) -> ModelGroups:
+    """One group per pipeline (one group without a pipeline when there is none), each with its own policy.
+    TokenfrontError (one line) when two models share a served name, or a worker is pinned to a name none
+    serves."""
+    several = len(pipelines) > 1
+    groups = [build_group(pipeline, None, several) for pipeline in _or_none(pipelines)]
     try:
         model_groups = ModelGroups(groups)
     except ValueError as exc:
@@ -301,16 +344,18 @@ def check_worker_specs(pool: WorkerPool, specs: Sequence[WorkerSpec]) -> None:
             )
 
 
-def check_worker_admission(settings: RouterSettings) -> None:
-    """TokenfrontError (one line) when the configured workers are more than `--max-workers`, or one of them
-    (or its KV event endpoint) is outside `--worker-allow`. Resolves names: called at start-up."""
-    if len(settings.workers) > settings.max_workers:
+def check_worker_admission(settings: RouterSettings, workers: Sequence[WorkerSpec] | None = None) -> None:
+    """TokenfrontError (one line) when the configured `workers` (default: `settings.workers`) are more than
+    `--max-workers`, or one of them (or its KV event endpoint) is outside `--worker-allow`. Resolves names:
+    called at start-up."""
+    workers = settings.workers if workers is None else workers
+    if len(workers) > settings.max_workers:
         raise TokenfrontError(
-            f"{len(settings.workers)} --worker given, more than --max-workers {settings.max_workers}"
+            f"{len(workers)} --worker given, more than --max-workers {settings.max_workers}"
         )
     if settings.worker_allow is None:
         return
-    for spec in settings.workers:
+    for spec in workers:
         endpoints = (("kv-events", spec.kv_events), ("kv-replay", spec.kv_replay))
         refusal = settings.worker_allow.refusal(spec.url, endpoints)
         if refusal is not None:
@@ -348,31 +393,44 @@ def _reevaluate(pool: WorkerPool, groups: ModelGroups, metrics: RouterMetrics) -
     states = groups.evaluate(pool)
     for group, state in zip(groups.groups, states, strict=True):
         metrics.model_forwarding.labels(group.key).set(1 if state.forwarding else 0)
+    keys = {group.key for group in groups.groups}
+    for gone in metrics.model_keys - keys:  # a model a reload of --config removed
+        metrics.model_forwarding.remove(gone)
+    metrics.model_keys = keys
     metrics.forwarding.set(1 if all(state.forwarding for state in states) else 0)
     metrics.active_workers.set(len(pool.active()))
 
 
-def _lifespan(
-    pool: WorkerPool,
-    groups: ModelGroups,
-    metrics: RouterMetrics,
-    workers: Sequence[WorkerSpec],
-    proxy: Proxy,
-    sources: WorkerSources,
-) -> Any:
-    sync = proxy.sync
-    renders = [group.renders for group in groups.groups if group.renders is not None]
+@dataclass(frozen=True)
+class _Parts:
+    """What the app's lifespan starts and stops."""
+
+    pool: WorkerPool
+    groups: ModelGroups
+    metrics: RouterMetrics
+    proxy: Proxy
+    sources: WorkerSources
+    config: ConfigReloader | None
+    hangup: Hangup
+
+
+def _lifespan(parts: _Parts, workers: Sequence[WorkerSpec]) -> Any:
+    pool, groups, metrics, sync = parts.pool, parts.groups, parts.metrics, parts.proxy.sync
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if sync is not None:
             await sync.start()  # first: a --replica-sync-bind that cannot be bound stops the start at once
-        for render in renders:
+        for group in groups.groups:
             # Spawned here, in the process that serves (never before a fork), and ready before it serves; each
             # model's render processes load that model's pipeline.
-            await render.start(on_replaced=metrics.render_processes_replaced.inc)
+            if group.renders is not None:
+                await group.renders.start(on_replaced=metrics.render_processes_replaced.inc)
         await pool.start(workers)
-        await sources.start()  # their workers added and checked, as the --worker ones, before it serves
+        if parts.config is not None:
+            await parts.config.start()  # the --config tables' workers, added and checked before it serves
+        await parts.sources.start()  # their workers added and checked, as the --worker ones, before it serves
+        parts.hangup.install()
         _reevaluate(pool, groups, metrics)  # also with no worker answering yet: the router's own reasons
         warmup = await warm_kv_index(pool)  # its index knows their caches before it serves
         log.info(
@@ -386,10 +444,14 @@ def _lifespan(
         try:
             yield
         finally:
-            await sources.stop()
+            parts.hangup.remove()
+            if parts.config is not None:
+                await parts.config.stop()
+            await parts.sources.stop()
             await pool.stop()
-            for render in renders:
-                await render.stop()
+            for group in groups.groups:  # the models served now (a reload may have changed them)
+                if group.renders is not None:
+                    await group.renders.stop()
             if sync is not None:
                 await sync.stop()
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenfront.arguments import (
@@ -24,7 +24,6 @@ from tokenfront.options import add_render_arguments, options_from_args
 from tokenfront.server.startup import (
     add_server_arguments,
     check_render_options,
-    check_rendering,
     finishing_background_work,
     request_limits,
     serve_app,
@@ -42,11 +41,12 @@ def run_route(args: argparse.Namespace) -> int:
     from tokenfront.core.torch_guard import hide_torch
 
     hide_torch()  # the router renders like the renderer: keep torch out even where it is installed
+    from tokenfront.router.config_file import check_model
     from tokenfront.server.process import bind_socket
 
-    models = _router_models(args)  # --config: each model's rendering arguments and workers
+    models, digest = _router_models(args)  # --config: each model's rendering arguments and workers
     for model in models:
-        _check_model_options(model.where, model.args)
+        check_model(model)
     if not models:
         check_render_options(args)
     check_api_key(args.api_key, "--api-key", "TOKENFRONT_API_KEY")
@@ -68,6 +68,7 @@ def run_route(args: argparse.Namespace) -> int:
     from tokenfront.core.render import RenderPipeline
     from tokenfront.router.app import RouterSettings, create_router_app
     from tokenfront.router.bounded_render import RenderSettings
+    from tokenfront.router.config_reload import ConfigSettings
     from tokenfront.router.worker_allow import WorkerAllowList
     from tokenfront.router.worker_pool import PoolSettings
 
@@ -84,9 +85,8 @@ def run_route(args: argparse.Namespace) -> int:
         pipelines.append(RenderPipeline.load(options_from_args(args), build_backend_in_background=True))
     for pipeline in pipelines:
         pipeline.start_backend_build()  # at once: it builds beside the router's own start-up (checks, KV read)
-    workers = [*args.worker, *_pinned_workers(models, pipelines)]
     settings = RouterSettings(
-        workers=workers,
+        workers=args.worker,
         policy=args.policy,
         load_weight=args.load_weight,
         cache_threshold=args.cache_threshold,
@@ -113,6 +113,7 @@ def run_route(args: argparse.Namespace) -> int:
         render=RenderSettings(timeout=args.render_timeout, processes=args.render_processes),
         worker_sources=worker_sources,
         worker_source_interval=args.worker_source_interval,
+        config=ConfigSettings(args.config, tuple(models), digest) if models else None,
         replica_sync=replica_sync,
     )
     for pipeline in pipelines:
@@ -143,12 +144,14 @@ def run_route(args: argparse.Namespace) -> int:
     return 0
 
 
-def _router_models(args: argparse.Namespace) -> list[Any]:
-    """`--config`'s models (`router.config_file.ModelConfig`), none without it. TokenfrontError (one line) for
-    a file that cannot be used, or rendering flags given besides it (each model's are in its table)."""
+def _router_models(args: argparse.Namespace) -> tuple[list[Any], str]:
+    """`--config`'s models (`router.config_file.ModelConfig`) and the digest of the content they were read from;
+    none without it. TokenfrontError (one line) for a file that cannot be used, or rendering flags given besides
+    it (each model's are in its table)."""
     if args.config is None:
-        return []
-    from tokenfront.router.config_file import read_router_config, rendering_keys
+        return [], ""
+    from tokenfront.router.config_file import ConfigError, parse_router_config, rendering_keys
+    from tokenfront.router.config_reload import content_digest
 
     given = [
         action.option_strings[0]
@@ -160,33 +163,11 @@ def _router_models(args: argparse.Namespace) -> list[Any]:
             f"--config declares the router's models: give {given[0]} in its [[models]] tables, not on the command "
             f"line (--config cannot be combined with {', '.join(given)})"
         )
-    return read_router_config(args.config)
-
-
-def _check_model_options(where: str, args: argparse.Namespace) -> None:
-    """`check_rendering` of one --config model, its error naming the file and the table."""
     try:
-        check_rendering(args)
-    except TokenfrontError as exc:
-        raise TokenfrontError(f"{where}: {exc}") from None
-
-
-def _pinned_workers(models: Sequence[Any], pipelines: Sequence[Any]) -> list[Any]:
-    """The workers --config lists under each model, pinned to it (`model=` its first served name) unless their
-    spec pins them already."""
-    workers: list[Any] = []
-    if not models:
-        return workers  # --model: its workers are the --worker ones
-    for model, pipeline in zip(models, pipelines, strict=True):
-        name = pipeline.served_model_names[0]
-        for spec in model.workers:
-            if spec.model is not None and spec.model not in pipeline.served_model_names:
-                raise TokenfrontError(
-                    f"{model.where}: worker {spec.url} is pinned to model={spec.model}, not one of this model's "
-                    f"names ({', '.join(pipeline.served_model_names)})"
-                )
-            workers.append(spec if spec.model is not None else dataclasses.replace(spec, model=name))
-    return workers
+        data = Path(args.config).expanduser().read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"--config {args.config}: cannot be read ({exc.strerror or exc})") from None
+    return parse_router_config(data, args.config), content_digest(data)
 
 
 def _replica_sync(args: argparse.Namespace) -> ReplicaSyncSettings | None:
@@ -346,8 +327,11 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "rendering flags (model, served_model_name, chat_template, reasoning_parser, ... spelled with _ for -) "
         'and optionally its workers = ["URL[,key=value...]", ...]; requests go by their `model` to that '
         "model's pipeline, gate and workers (a worker belongs to the model its reported names name, or the one "
-        "its model=NAME pins). Instead of --model and the rendering flags; every other setting stays a flag "
-        "(docs/operations.md, several models)",
+        "its model=NAME pins). Instead of --model and the rendering flags; every other setting stays a flag. "
+        "Read again on SIGHUP and when its content changes (checked every --worker-source-interval): a model "
+        "added serves once loaded, one removed answers 404 while its requests in flight finish, a changed one is "
+        "swapped in; a file that cannot be used is one warning and changes nothing (docs/operations.md, "
+        "several models)",
     )
     group = parser.add_argument_group("routing")
     group.add_argument(
@@ -396,7 +380,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=5.0,
         metavar="SECONDS",
-        help="seconds between two reads of each --worker-file and --worker-dns (default: 5)",
+        help="seconds between two reads of each --worker-file and --worker-dns, and of the --config file "
+        "(default: 5)",
     )
     group.add_argument(
         "--replica-sync-bind",

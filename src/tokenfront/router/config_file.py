@@ -19,6 +19,7 @@ name, a worker spec that does not parse.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +32,14 @@ from tokenfront.core.errors import TokenfrontError
 from tokenfront.options import add_render_arguments
 from tokenfront.router.worker_spec import WorkerSpec
 
-__all__ = ["ConfigError", "ModelConfig", "read_router_config"]
+__all__ = [
+    "ConfigError",
+    "ModelConfig",
+    "check_model",
+    "parse_router_config",
+    "pinned_specs",
+    "read_router_config",
+]
 
 WORKERS_KEY = "workers"
 
@@ -75,9 +83,17 @@ def rendering_keys() -> dict[str, argparse.Action]:
 def read_router_config(path: str) -> list[ModelConfig]:
     """The models `path` declares, in its order. ConfigError (one line) for anything that cannot be right."""
     try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
+        data = Path(path).expanduser().read_bytes()
     except OSError as exc:
         raise ConfigError(f"--config {path}: cannot be read ({exc.strerror or exc})") from None
+    return parse_router_config(data, path)
+
+
+def parse_router_config(data: bytes, path: str) -> list[ModelConfig]:
+    """The models the content `data` of the file `path` declares (what `read_router_config` read, or what a
+    reload read: `router.config_reload`). ConfigError (one line) for anything that cannot be right."""
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"--config {path}: not UTF-8 text (a TOML file is)") from None
     try:
@@ -98,6 +114,33 @@ def read_router_config(path: str) -> list[ModelConfig]:
     models = [_read_model(f"--config {path}, models[{index}]", table) for index, table in enumerate(tables)]
     _check_names(models)
     return models
+
+
+def check_model(model: ModelConfig) -> None:
+    """The mistakes in a table found without loading anything (`server.startup.check_rendering`: a folder or
+    a template file that does not exist, an unknown parser), as a ConfigError naming the file and the table."""
+    from tokenfront.server.startup import check_rendering
+
+    try:
+        check_rendering(model.args)
+    except TokenfrontError as exc:
+        raise ConfigError(f"{model.where}: {exc}") from None
+
+
+def pinned_specs(model: ModelConfig, served_model_names: Sequence[str]) -> list[WorkerSpec]:
+    """The workers a table lists, pinned to its model (`model=` its first served name) unless their spec pins
+    them already; ConfigError when one is pinned to a name the model (loaded: `served_model_names`) lacks."""
+    specs: list[WorkerSpec] = []
+    for spec in model.workers:
+        if spec.model is not None and spec.model not in served_model_names:
+            raise ConfigError(
+                f"{model.where}: worker {spec.url} is pinned to model={spec.model}, not one of this model's "
+                f"names ({', '.join(served_model_names)})"
+            )
+        specs.append(
+            spec if spec.model is not None else dataclasses.replace(spec, model=served_model_names[0])
+        )
+    return specs
 
 
 def _read_model(where: str, table: dict[str, Any]) -> ModelConfig:

@@ -20,7 +20,7 @@ Nothing here runs per request: a scrape walks the workers once (a thousand worke
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -37,13 +37,19 @@ class FleetMetrics(Collector):
     """The fleet's metrics (module docstring), from ``pool``, its KV index and the ``gates`` (one per model of
     the router's) when scraped."""
 
-    def __init__(self, pool: WorkerPool, *gates: ForwardingGate) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        *gates: ForwardingGate,
+        gates_of: Callable[[], Iterable[ForwardingGate]] | None = None,
+    ) -> None:
+        """`gates_of`: the gates when scraped, instead of `gates` (a router whose models change on a reload)."""
         self._pool = pool
-        self._gates = gates
+        self._gates_of = gates_of or (lambda: gates)
 
     def collect(self) -> Iterator[Metric]:
         workers = list(self._pool.workers.values())
-        blocking = {url for gate in self._gates for url in gate.state.blocking}
+        blocking = {url for gate in self._gates_of() for url in gate.state.blocking}
         states = GaugeMetricFamily(
             "tokenfront_router_worker_state",
             "1 for the state each worker is in (GET /workers): healthy, unhealthy, pending or unusable",

@@ -59,10 +59,20 @@ class RouterMetrics:
             "1 when the gate lets rendered ids go to workers (on a router of several models: every model's)",
             registry=registry,
         )
+        # The models `model_forwarding` has a sample for (a reload of --config removes those it removes).
+        self.model_keys: set[str] = set()
         self.model_forwarding = Gauge(
             "tokenfront_router_model_forwarding",
             "1 when the model's gate lets rendered ids go to its workers, by model (its first served name)",
             ["model"],
+            registry=registry,
+        )
+        self.config_reloads = Counter(
+            "tokenfront_router_config_reloads",
+            "Reloads of the --config file (on SIGHUP, or its content changed), by outcome: ok (applied), invalid "
+            "(it cannot be used: the running configuration is kept) and failed (it cannot be read, or a model "
+            "failed to load: kept too)",
+            ["outcome"],
             registry=registry,
         )
         self.active_workers = Gauge(

@@ -110,14 +110,25 @@ class ModelGroups:
     """The router's models, in its order: the first is the default (a request naming no model goes there)."""
 
     def __init__(self, groups: Sequence[ModelGroup]) -> None:
+        """ValueError when there is no group, or two groups share a served name."""
+        self.groups: tuple[ModelGroup, ...] = ()
+        self.replace(groups)
+
+    def replace(self, groups: Sequence[ModelGroup]) -> None:
+        """Serve `groups` from now on (a reload of `--config`: `router.config_reload`). One synchronous step on
+        the event loop, so a request sees the old models or the new ones, never a mix; a request planned before
+        keeps the group its plan holds. ValueError (nothing changed) when there is no group, or two groups share
+        a served name."""
         if not groups:
             raise ValueError("a router serves at least one model")
-        self.groups: tuple[ModelGroup, ...] = tuple(groups)
+        placement = ModelPlacement([group.served_model_names for group in groups])
+        by_key = {group.key: group for group in groups}
+        self.groups = tuple(groups)
         self.default = self.groups[0]
-        self.placement = ModelPlacement([group.served_model_names for group in self.groups])
-        self.by_key = {group.key: group for group in self.groups}
+        self.placement = placement
+        self.by_key = by_key
         # Every served name -> its group: the request's one lookup.
-        self._by_name = {name: self.by_key[key] for name, key in self.placement.key_of.items()}
+        self._by_name = {name: by_key[key] for name, key in placement.key_of.items()}
 
     @property
     def several(self) -> bool:
@@ -151,9 +162,9 @@ class ModelGroups:
 
     def of_worker(self, worker: Worker) -> ModelGroup | None:
         """The group a worker belongs to (None: none of the router's models). With one model, that one,
-        checked or not: every worker belongs to it."""
+        checked or not: every worker belongs to it but one pinned to a model it does not serve (`_takes`)."""
         if not self.several:
-            return self.default
+            return self.default if self._takes(worker) else None
         key = worker.model_group
         return self.by_key.get(key) if key is not None else None
 
@@ -172,12 +183,21 @@ class ModelGroups:
 
     def members(self, pool: WorkerPool, group: ModelGroup) -> list[Worker]:
         """The active workers of `group`: its gate looks at these, its requests go to these. With one model,
-        every active worker (each belongs to it)."""
-        return pool.members(group.key) if self.several else pool.active()
+        every active worker (each belongs to it, `_takes`)."""
+        if self.several:
+            return pool.members(group.key)
+        return [worker for worker in pool.active() if self._takes(worker)]
 
     def candidates(self, pool: WorkerPool, group: ModelGroup, model: str | None) -> list[Worker]:
         """The active workers of `group` that a request naming `model` may go to (`WorkerPool.serving`)."""
-        return pool.serving(model, group.key if self.several else None)
+        if self.several:
+            return pool.serving(model, group.key)
+        return [worker for worker in pool.serving(model) if self._takes(worker)]
+
+    def _takes(self, worker: Worker) -> bool:
+        """Whether the one model takes a worker: any, but one pinned to a name it does not serve — a model a
+        reload of --config adds (its workers join before it serves) or removes (its workers are leaving)."""
+        return worker.pinned_model is None or worker.pinned_model in self._by_name
 
     def evaluate(self, pool: WorkerPool) -> list[GateState]:
         """Every model's forwarding decided again, each over its own active workers."""

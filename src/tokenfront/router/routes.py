@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tokenfront.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfront.renderer.routes import RENDER_PATHS
+from tokenfront.router.config_reload import ConfigReloader
 from tokenfront.router.connections import describe_error
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
@@ -55,10 +56,13 @@ def inference_router() -> APIRouter:
     return router
 
 
-def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
+def router_info(
+    proxy: Proxy, kv_index: KvIndex, policy: str, config: ConfigReloader | None = None
+) -> dict[str, Any]:
     """The router's part of `/server_info`: its fingerprint and how it renders (if it does), policy, gate and
     workers. The top-level fingerprint, render, parsers, policy state and gate are the first model's (a
-    single-model router's only one); `models` has every model's."""
+    single-model router's only one); `models` has every model's; `config` the `--config` file the router runs
+    (its digest, generation, when it was loaded and how its last reload went; None: `--model`)."""
     pipeline = proxy.pipeline
     names = served_model_names(proxy)
     groups = proxy.groups
@@ -78,6 +82,7 @@ def router_info(proxy: Proxy, kv_index: KvIndex, policy: str) -> dict[str, Any]:
         "replica_sync": proxy.sync.describe() if proxy.sync is not None else None,
         "kv_warmup": proxy.pool.kv_warmup.to_json() if proxy.pool.kv_warmup is not None else None,
         "models": [model_info(proxy, group) for group in groups.groups],
+        "config": config.describe() if config is not None else None,
         "unplaced_workers": [
             worker.url
             for worker in list(proxy.pool.workers.values())

@@ -177,6 +177,12 @@ class HealthCheck:
                     "requests would go round in a loop",
                     ROUTER_LOOP,
                 )
+        self.place(worker, report)
+        return None, None
+
+    def place(self, worker: Worker, report: WorkerReport) -> None:
+        """Put the worker in the router's model its `report` (or its pin) names (`Worker.model_group`), noting
+        (and logging once) which of that model's names it does not serve."""
         placement = self.placement.place(worker.pinned_model, report.served_model_names)
         note = placement.note
         if note != worker.model_mismatch:
@@ -195,7 +201,6 @@ class HealthCheck:
                 worker.model_group,
             )
         worker.model_group = placement.model
-        return None, None
 
     async def _read_report(self, worker: Worker) -> WorkerReport:
         try:

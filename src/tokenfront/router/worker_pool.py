@@ -161,6 +161,16 @@ class WorkerPool:
         """The active workers of the router's model `group` (its key): the ones its forwarding gate looks at."""
         return [worker for worker in self.workers.values() if worker.healthy and worker.model_group == group]
 
+    def use_models(self, placement: ModelPlacement, probers: Mapping[str, Prober]) -> None:
+        """The router's models changed (a reload of `--config`): place every worker that reported again, at once
+        (its next check would), probe with each model's prober from its next check, and call `on_change`."""
+        self.health.placement = placement
+        self.health.probers = dict(probers)
+        for worker in list(self.workers.values()):
+            if worker.report is not None:
+                self.health.place(worker, worker.report)
+        self.on_change()
+
     def find(self, url: str) -> Worker | None:
         """The worker at `url` however it is spelled (loopback names, default port, case, trailing slash)."""
         worker = self.workers.get(url)

@@ -10,7 +10,8 @@ or of another source is left to its owner, and a source that lists it too waits 
 again at each refresh.
 
 `WorkerSources` runs every source: once at start-up, before the router serves, then every
-`--worker-source-interval` seconds, and at once on SIGHUP. A source that cannot say what it lists (a file that
+`--worker-source-interval` seconds, and at once on SIGHUP (`reload`, called by the router's one SIGHUP handler,
+`router.hangup`). A source that cannot say what it lists (a file that
 cannot be read, a name that does not resolve) keeps its last workers and logs once.
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -200,7 +200,6 @@ class WorkerSources:
         self.interval = interval
         self._wakes: list[asyncio.Event] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._on_sighup = False
 
     async def start(self) -> None:
         """Read every source once (its workers are added and checked), then keep reading them."""
@@ -213,25 +212,15 @@ class WorkerSources:
             loop.create_task(self._follow(members, wake))
             for members, wake in zip(self.members, self._wakes, strict=True)
         ]
-        try:
-            loop.add_signal_handler(signal.SIGHUP, self.reload)
-            self._on_sighup = True
-        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
-            # Not the main thread (an app run by a test client), or no SIGHUP here: the interval still applies.
-            log.debug("worker sources: SIGHUP is not available; reading them every %g s", self.interval)
 
     def reload(self) -> None:
-        """Read every source now (SIGHUP)."""
+        """Read every source now (SIGHUP: `router.hangup`)."""
         log.info("reading the worker sources again (SIGHUP)")
         for wake in self._wakes:
             wake.set()
 
     async def stop(self) -> None:
         """Stop reading the sources (their workers stay in the pool, which the app stops next)."""
-        if self._on_sighup:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-            self._on_sighup = False
         await cancel_and_wait(self._tasks)
         self._tasks = []
 
