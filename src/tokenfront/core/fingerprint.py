@@ -9,9 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import chain, compress, repeat
 from typing import Any
 
+from tokenfront.core import fingerprint_cache
 from tokenfront.core.tokenizer_files import (
     has_vocabulary,
     is_library_tokenizer,
@@ -126,9 +128,10 @@ class Fingerprint:
     info: dict[str, Any] = field(default_factory=dict)
     version: int = FINGERPRINT_VERSION
 
-    @property
+    @cached_property
     def digest(self) -> str:
-        """sha256 hex of the canonical JSON of `compared`."""
+        """sha256 hex of the canonical JSON of `compared`, computed once (`compared` is never changed in place: a
+        router compares every worker's fingerprint at each of its checks, hundreds a second at a large fleet)."""
         return sha256_json(self.compared)
 
     def to_json(self) -> dict[str, Any]:
@@ -249,7 +252,18 @@ _TOKEN_TO_ID_MODELS = frozenset({"BPE", "WordPiece", "WordLevel"})
 
 def _rust_tokenizer_hashes(tokenizer: Any, serialized: str) -> tuple[str, str]:
     """sha256 of the tokenizer.json transformers runs (minus call-time settings and added tokens), and of
-    the model vocabulary: ~0.5 s of CPU for a 150k vocabulary."""
+    the model vocabulary: ~0.5 s of CPU for a 150k vocabulary, so remembered on disk by what they are computed
+    from (`fingerprint_cache`)."""
+    key = fingerprint_cache.cache_key(serialized)
+    remembered = fingerprint_cache.read_hashes(key)
+    if remembered is not None:
+        return remembered
+    hashes = _computed_tokenizer_hashes(tokenizer, serialized)
+    fingerprint_cache.write_hashes(key, *hashes)
+    return hashes
+
+
+def _computed_tokenizer_hashes(tokenizer: Any, serialized: str) -> tuple[str, str]:
     spec, checked = _parse_json(serialized)
     # Padding/truncation are call-time settings, and added tokens are hashed on their own below.
     for key in ("padding", "truncation", "added_tokens"):

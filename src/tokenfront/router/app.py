@@ -9,6 +9,7 @@ Importing this module keeps torch out of the process, as the renderer app does.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from collections.abc import AsyncIterator, Sequence
@@ -67,6 +68,8 @@ from tokenfront.server_address import worker_identity
 log = logging.getLogger(__name__)
 
 POLICIES = ("kv_cache_aware", "load_balancing", "predicted_ttft", "round_robin")
+# Seconds after it serves that the router starts building its pipelines' fast tokenizer backend (the lifespan).
+BACKEND_BUILD_DELAY = 2.0
 
 
 @dataclass(frozen=True)
@@ -426,6 +429,8 @@ def _lifespan(parts: _Parts, workers: Sequence[WorkerSpec]) -> Any:
             # model's render processes load that model's pipeline.
             if group.renders is not None:
                 await group.renders.start(on_replaced=metrics.render_processes_replaced.inc)
+        if pool.settings.kv_warmup_timeout > 0:
+            pool.read_events_when_added()  # each worker's events read as soon as it is checked
         await pool.start(workers)
         if parts.config is not None:
             await parts.config.start()  # the --config tables' workers, added and checked before it serves
@@ -433,6 +438,11 @@ def _lifespan(parts: _Parts, workers: Sequence[WorkerSpec]) -> Any:
         parts.hangup.install()
         _reevaluate(pool, groups, metrics)  # also with no worker answering yet: the router's own reasons
         warmup = await warm_kv_index(pool)  # its index knows their caches before it serves
+        # The fast tokenizer backend is built once the router has served a moment: the build holds the
+        # interpreter in stretches (at a low CPU priority, so for longer on a busy machine), which held up the
+        # checks and KV reads of a 256-worker start by seconds, and then its first /health answers. Until it is
+        # built the tokenizer itself encodes: the same ids, more CPU a render.
+        building = asyncio.get_running_loop().call_later(BACKEND_BUILD_DELAY, _start_backend_builds, groups)
         log.info(
             "router ready: %d of %d workers active, forwarding ids: %s, KV events of %d of %d read",
             len(pool.active()),
@@ -444,6 +454,7 @@ def _lifespan(parts: _Parts, workers: Sequence[WorkerSpec]) -> Any:
         try:
             yield
         finally:
+            building.cancel()
             parts.hangup.remove()
             if parts.config is not None:
                 await parts.config.stop()
@@ -456,6 +467,12 @@ def _lifespan(parts: _Parts, workers: Sequence[WorkerSpec]) -> Any:
                 await sync.stop()
 
     return lifespan
+
+
+def _start_backend_builds(groups: ModelGroups) -> None:
+    for group in groups.groups:
+        if group.pipeline is not None:
+            group.pipeline.start_backend_build()
 
 
 def _forwarding_summary(groups: ModelGroups) -> str:

@@ -83,8 +83,6 @@ def run_route(args: argparse.Namespace) -> int:
     ]
     if not models and (args.model or args.tokenizer):
         pipelines.append(RenderPipeline.load(options_from_args(args), build_backend_in_background=True))
-    for pipeline in pipelines:
-        pipeline.start_backend_build()  # at once: it builds beside the router's own start-up (checks, KV read)
     settings = RouterSettings(
         workers=args.worker,
         policy=args.policy,

@@ -108,6 +108,10 @@ def router_reasons(fingerprint: Fingerprint | None, *, has_model_path: bool) -> 
     return tuple(reasons)
 
 
+# How many distinct worker fingerprints a gate remembers its comparison of (a fleet has a handful).
+_REMEMBERED_FINGERPRINTS = 64
+
+
 class ForwardingGate:
     """Decides whether rendered ids may be forwarded, and logs each change of that decision once."""
 
@@ -126,6 +130,10 @@ class ForwardingGate:
         )
         self.state = GateState(forwarding=False, router_reasons=self._router_reasons)
         self._logged: tuple[object, ...] | None = None
+        # What each distinct worker fingerprint was found to differ in: every worker's report is compared again
+        # at each change of the active set (each check), so a fleet of N identical workers would otherwise pay
+        # N full comparisons per check. Keyed by all that a comparison reads of the other side.
+        self._differences: dict[tuple[object, ...], tuple[str, ...]] = {}
 
     def worker_reasons(self, report: WorkerReport | None) -> tuple[str, ...]:
         """Why ids rendered by the router may not be what this worker renders (empty: it matches).
@@ -147,7 +155,20 @@ class ForwardingGate:
         """How a worker's fingerprint differs from the router's (empty: it matches)."""
         if self._comparable is None:
             return ()  # nothing to compare against: the router's own reason says it all
-        return tuple(self._comparable.compare(fingerprint, other_name="worker"))
+        key = (
+            fingerprint.version,
+            fingerprint.complete,
+            tuple(fingerprint.incomplete_reasons),
+            fingerprint.digest,
+        )
+        reasons = self._differences.get(key)
+        if reasons is None:
+            if len(self._differences) >= _REMEMBERED_FINGERPRINTS:
+                self._differences.clear()  # a fleet of many builds: start over rather than grow
+            reasons = self._differences[key] = tuple(
+                self._comparable.compare(fingerprint, other_name="worker")
+            )
+        return reasons
 
     @staticmethod
     def probe_verified(report: WorkerReport | None) -> int | None:

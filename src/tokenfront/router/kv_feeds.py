@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import orjson
 
 from tokenfront.router.connections import describe_error
 from tokenfront.router.kv_index import KvIndex
@@ -44,11 +45,17 @@ class KvFeeds:
 
     def publishers(self) -> list[Worker]:
         """The active workers whose KV events the router reads from `GET /kv_cache_events`."""
-        return [
-            w
-            for w in self.workers.values()
-            if w.healthy and w.kv_events is None and w.report and w.report.publishes_kv_events
-        ]
+        return [w for w in self.workers.values() if self.publishes(w)]
+
+    @staticmethod
+    def publishes(worker: Worker) -> bool:
+        """Whether the router reads this worker's KV events from `GET /kv_cache_events` (it is active)."""
+        return bool(
+            worker.healthy
+            and worker.kv_events is None
+            and worker.report
+            and worker.report.publishes_kv_events
+        )
 
     async def poll(self) -> None:
         """Read new KV events from every active tokenfront worker into the KV index."""
@@ -77,11 +84,13 @@ class KvFeeds:
                     "/kv_cache_events", params=params, timeout=self.settings.health_timeout
                 )
                 response.raise_for_status()
-                payload = response.json()
+                payload = orjson.loads(
+                    response.content
+                )  # a snapshot is ~20 digits a block, thousands of them
                 if not worker.healthy or self.workers.get(worker.url) is not worker:
                     return None  # taken out or removed while reading: what it held was forgotten
                 self.kv_index.apply_tokenfront_events(worker.url, payload)
-            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:  # orjson's errors are ValueErrors
                 # Liveness is the health check's business; a missed poll is caught up on the next one.
                 log.debug("reading KV events of %s failed: %s", worker.url, describe_error(exc))
                 return None

@@ -4,10 +4,11 @@ A router that serves as soon as its workers answer routes its first requests bli
 first event reads, and a worker that ran a while has cut the history a fresh reader would need (its log keeps
 ``--kv-events-buffer`` events). So the router's lifespan calls ``warm_kv_index`` after the workers' first
 health checks and before it listens: every *active* worker that publishes ``GET /kv_cache_events`` is read
-once up to its ``last_seq`` — its whole retained history, or, when that was cut, the cache's snapshot
+once up to its ``last_seq`` (right after its first check, while the others are still being checked:
+``WorkerPool.read_events_when_added``; a read that did not get there is retried here) — its whole retained history, or, when that was cut, the cache's snapshot
 (``worker/kv_snapshot.py``) — retried every ``--kv-events-interval`` while a read fails (a worker that leaves
 the active set meanwhile is not waited for). The wait is bounded
-by ``--kv-warmup-timeout`` (``PoolSettings.kv_warmup_timeout``): at the deadline the router serves anyway,
+by ``--kv-warmup-timeout`` (``PoolSettings.kv_warmup_timeout``), counted from the first check: at the deadline the router serves anyway,
 logs one warning naming how many workers and which are not read yet (their blocks fill in as the periodic
 reads reach them), and ``/server_info`` says so in ``kv_warmup``. Workers that are not answering yet, and
 workers on vLLM's ZMQ feed (which has no snapshot to ask for: docs/routing.md), are not waited for.
@@ -76,15 +77,17 @@ async def warm_kv_index(pool: WorkerPool) -> KvWarmup:
 
     Also kept as ``pool.kv_warmup``. A timeout of 0 reads nothing and says so."""
     settings = pool.settings
-    started = time.monotonic()
-    pending = {worker.url: worker for worker in pool.feeds.publishers()}
-    workers = len(pending)
-    snapshots = 0
-    read: list[str] = []
+    first_reads, started = pool.take_first_reads()  # the workers read as they were added
+    started = started or time.monotonic()
+    publishers = pool.feeds.publishers()
+    workers = len(publishers)
+    read = [worker.url for worker in publishers if worker.url in first_reads]
+    snapshots = sum(first_reads[url] for url in read)
+    pending = {worker.url: worker for worker in publishers if worker.url not in first_reads}
     left = 0
     if pending and settings.kv_warmup_timeout > 0:
         try:
-            async with asyncio.timeout(settings.kv_warmup_timeout):
+            async with asyncio.timeout(max(0.0, started + settings.kv_warmup_timeout - time.monotonic())):
                 while True:
                     batch = list(pending.values())
                     results = await asyncio.gather(*(pool.feeds.read(worker) for worker in batch))
@@ -97,8 +100,8 @@ async def warm_kv_index(pool: WorkerPool) -> KvWarmup:
                         break
                     await asyncio.sleep(settings.kv_events_interval)
                     # A worker taken out of the active set meanwhile (a failed check) is not waited for.
-                    publishers = {worker.url for worker in pool.feeds.publishers()}
-                    for url in [url for url in pending if url not in publishers]:
+                    active = {worker.url for worker in pool.feeds.publishers()}
+                    for url in [url for url in pending if url not in active]:
                         del pending[url]
                         left += 1
                     if not pending:

@@ -2,7 +2,8 @@
 requests.
 
 One check (`WorkerPool.check`: every `--health-interval` s, and at once after a request to the worker failed)
-asks, in order, and stops at the first answer that rules the worker out:
+asks these together (one round trip) and reads the answers in order, the first that rules the worker out
+deciding (a `protocol=generate` worker's route and a probe are asked after):
 
 1. `GET /health`: the worker is up only when it answers 200; the router's own 508 `router_loop` says the URL
    reaches this router;
@@ -24,9 +25,10 @@ check, however it is spelled.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING
 
 import httpx
@@ -75,20 +77,30 @@ class HealthCheck:
         """Why the worker's answers rule it out — its `/health`, its `GET /v1/models` with the router's key and,
         for a `protocol=generate` worker, its generate route — as (problem, unusable, the names it lists);
         problem None: nothing does. `unusable` when it answers yet cannot be used (`Worker.unusable`)."""
-        problem, unusable = await self._health_problem(worker)
+        # Asked together (and `/server_info` beside them: `WorkerPool._check`), concluded in order: in a row, they
+        # made a 256-worker router's start-up, and each check of a busy fleet, wait three round trips.
+        (problem, unusable), models = await asyncio.gather(
+            self._health_problem(worker), self._read_models(worker)
+        )
         listed: tuple[str, ...] | None = None
         if problem is None:
-            problem, listed = await self._read_models(worker)
+            problem, listed = models
             unusable = WORKER_API_KEY if problem is not None else None
         if problem is None and worker.protocol == "generate":
             problem = await self._generate_problem(worker)
             unusable = NO_GENERATE_ROUTE if problem is not None else None
         return problem, unusable, listed
 
-    async def report(self, worker: Worker, listed: tuple[str, ...] | None) -> WorkerReport:
-        """What the worker reports: its `/server_info`, with the names its `GET /v1/models` `listed` when it
-        names none, and a `verify=probe` worker's render probe by its model's prober."""
-        report = await self._read_report(worker)
+    async def report(
+        self,
+        worker: Worker,
+        listed: tuple[str, ...] | None,
+        server_info: Awaitable[WorkerReport] | None = None,
+    ) -> WorkerReport:
+        """What the worker reports: its `/server_info` (`server_info`: `read_report`, asked already), with the
+        names its `GET /v1/models` `listed` when it names none, and a `verify=probe` worker's render probe by its
+        model's prober."""
+        report = await (server_info if server_info is not None else self.read_report(worker))
         if report.served_model_names is None and listed is not None:
             report = dataclasses.replace(report, served_model_names=listed)
         if worker.verify == "probe":
@@ -202,7 +214,8 @@ class HealthCheck:
             )
         worker.model_group = placement.model
 
-    async def _read_report(self, worker: Worker) -> WorkerReport:
+    async def read_report(self, worker: Worker) -> WorkerReport:
+        """The worker's `/server_info` as a report (one saying what is missing when it cannot be read)."""
         try:
             response = await worker.client.get("/server_info", timeout=self.settings.health_timeout)
         except httpx.HTTPError as exc:

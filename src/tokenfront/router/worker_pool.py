@@ -122,6 +122,7 @@ class WorkerPool:
         self.on_change = on_change
         self.router_id = router_id
         self.workers: dict[str, Worker] = {}
+        self._identities: dict[tuple[str, str, int], str] = {}  # each worker's identity -> its URL (`find`)
         # What a check asks a worker and concludes (`router.worker_health`); the pool acts on it.
         self.health = HealthCheck(
             settings,
@@ -139,6 +140,10 @@ class WorkerPool:
         self._one_offs: set[asyncio.Task[None]] = set()
         # How the start-up read of KV events went (`router.kv_warmup`); None before it ran.
         self.kv_warmup: KvWarmup | None = None
+        # During start-up (`read_events_when_added`): each worker's KV events read right after its first check,
+        # worker URL -> whether from a snapshot, and when those reads began; None afterwards.
+        self._first_reads: dict[str, bool] | None = None
+        self._first_reads_began = 0.0
 
     # -- membership ------------------------------------------------------------------------------------------
 
@@ -180,7 +185,14 @@ class WorkerPool:
             identity = worker_identity(url)
         except ValueError:
             return None
-        return next((w for key, w in self.workers.items() if worker_identity(key) == identity), None)
+        known = self._identities.get(identity)
+        return self.workers.get(known) if known is not None else None
+
+    def _forget_identity(self, url: str) -> None:
+        with contextlib.suppress(ValueError):
+            identity = worker_identity(url)
+            if self._identities.get(identity) == url:
+                del self._identities[identity]
 
     def note_own_address(self, host: Any, port: Any) -> None:
         """An address the router listens on (its `--host`/`--port`, or where a request came in)."""
@@ -229,6 +241,8 @@ class WorkerPool:
             pinned_model=spec.model,
         )
         self.workers[spec.url] = worker
+        with contextlib.suppress(ValueError):  # a spec's URL is checked where it is read; `find` spells it so
+            self._identities[worker_identity(spec.url)] = spec.url
         notes = [f"from {source}"] if source not in (FLAG_SOURCE, ADMIN_SOURCE) else []
         notes += [f"vLLM KV events on {spec.kv_events}"] if spec.kv_events else []
         notes += [f"protocol {spec.protocol}"] if spec.protocol != "openai" else []
@@ -245,12 +259,39 @@ class WorkerPool:
             problem = worker.problem
             await self._discard(worker)
             raise RouterItself(f"{spec.url}: {problem}")
+        if self._first_reads is not None and self.feeds.publishes(worker):
+            await self._first_read(worker)
         return worker
+
+    async def _first_read(self, worker: Worker) -> None:
+        """Read a worker's KV events at start-up, within what is left of `--kv-warmup-timeout`; a read not done
+        by then is the warm-up's to retry or report (`router.kv_warmup`)."""
+        left = self._first_reads_began + self.settings.kv_warmup_timeout - time.monotonic()
+        try:
+            async with asyncio.timeout(max(0.0, left)):
+                snapshot = await self.feeds.read(worker)
+        except TimeoutError:
+            return
+        if snapshot is not None and self._first_reads is not None:
+            self._first_reads[worker.url] = snapshot
+
+    def read_events_when_added(self) -> None:
+        """From now until `take_first_reads`, read each worker's KV events right after its first check: at
+        start-up, the index fills while the other workers are still being checked (`router.kv_warmup`)."""
+        self._first_reads = {}
+        self._first_reads_began = time.monotonic()
+
+    def take_first_reads(self) -> tuple[dict[str, bool], float]:
+        """The reads done since `read_events_when_added` (worker URL -> whether from a snapshot) and when they
+        began; later workers are read by the events loop only."""
+        reads, self._first_reads = self._first_reads or {}, None
+        return reads, self._first_reads_began
 
     async def _discard(self, worker: Worker) -> None:
         """Take back a worker that was refused while it was being added."""
         if self.workers.get(worker.url) is worker:
             del self.workers[worker.url]
+            self._forget_identity(worker.url)
         self.feeds.unsubscribe(worker)
         self.kv_index.forget(worker.url)
         worker.connections.close()
@@ -259,6 +300,7 @@ class WorkerPool:
     async def remove(self, url: str) -> Worker:
         """Remove a worker; KeyError when there is none with that URL. Its in-flight requests finish."""
         worker = self.workers.pop(url)
+        self._forget_identity(url)
         was_active = worker.healthy
         worker.healthy = False
         self.feeds.unsubscribe(worker)
@@ -347,12 +389,21 @@ class WorkerPool:
                 worker.lose()
 
     async def _check(self, worker: Worker) -> None:
-        problem, unusable, listed = await self.health.answer_problem(worker)
-        if problem is not None:
-            self._take_out(worker, problem, unusable)
-            worker.lose()
-            return
-        report = await self.health.report(worker, listed)
+        # `/server_info` asked beside the questions that may rule the worker out (its answer is dropped when one
+        # does): a check is one round trip where it was three in a row.
+        server_info = asyncio.ensure_future(self.health.read_report(worker))
+        try:
+            problem, unusable, listed = await self.health.answer_problem(worker)
+            if problem is not None:
+                self._take_out(worker, problem, unusable)
+                worker.lose()
+                return
+            report = await self.health.report(worker, listed, server_info)
+        finally:
+            if not server_info.done():
+                server_info.cancel()
+            elif not server_info.cancelled():
+                server_info.exception()  # retrieved: it raised only if the report was used, and then it counted
         if self.workers.get(worker.url) is not worker:
             return  # removed while we were asking
         changed = report != worker.report or not worker.healthy
