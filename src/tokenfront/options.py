@@ -36,7 +36,9 @@ def add_render_arguments(parser: argparse.ArgumentParser, *, model_required: boo
     group.add_argument(
         "--model",
         required=model_required,
-        help="checkpoint: a local folder or a Hugging Face model id (the hub is tried; offline it fails clearly)",
+        help="checkpoint: a local folder or a Hugging Face model id (the hub is tried; offline it fails clearly). "
+        "Its fingerprint's tokenizer hashes are remembered under $TOKENFRONT_CACHE/fingerprints (default "
+        "~/.cache/tokenfront): a restart skips ~1 s of hashing",
     )
     group.add_argument("--tokenizer", help="tokenizer folder or hub id, when it is not the model's")
     group.add_argument("--chat-template", help="chat template: a file path or an inline Jinja string")
