@@ -584,12 +584,26 @@ def test_keys_come_from_the_secret_through_variables_the_commands_read() -> None
     for _, key in secret_keys:
         assert f"--from-literal={key}=" in guide
     # What the routers send the workers is what the workers require.
-    route_env = {v["name"]: v["valueFrom"]["secretKeyRef"]["key"] for v in by_command()["route"].spec["env"]}
+    route_env = {
+        v["name"]: v.get("valueFrom", {}).get("secretKeyRef", {}).get("key")
+        for v in by_command()["route"].spec["env"]
+    }
     serve_env = {
         v["name"]: v.get("valueFrom", {}).get("secretKeyRef", {}).get("key")
         for v in by_command()["serve"].spec["env"]
     }
     assert route_env["TOKENFRONT_WORKER_API_KEY"] == serve_env["TOKENFRONT_API_KEY"] == "worker-api-key"
+
+
+def test_router_and_renderer_remember_fingerprints_on_a_volume() -> None:
+    """A restarted container reads its fingerprint's tokenizer hashes back (core/fingerprint_cache.py)."""
+    for command in ("render", "route"):
+        container = by_command()[command]
+        env = {v["name"]: v.get("value") for v in container.spec["env"]}
+        mounts = {mount["mountPath"]: mount["name"] for mount in container.spec["volumeMounts"]}
+        volumes = {volume["name"]: volume for volume in container.pod["volumes"]}
+        assert env["TOKENFRONT_CACHE"] == "/cache", command
+        assert "emptyDir" in volumes[mounts["/cache"]], command
 
 
 def test_shutdown_fits_in_the_grace_period() -> None:
