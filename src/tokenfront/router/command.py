@@ -501,9 +501,9 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-warmup-timeout",
         type=non_negative_float,
         default=10.0,
-        help="at start-up, seconds to wait for every active tokenfront worker's KV events to be read once (its "
-        "cache's snapshot when its history was cut) before serving; past it the router serves and logs which "
-        "are not read yet; 0: do not wait (default: 10)",
+        help="at start-up, seconds (from the first worker check) to wait for every active tokenfront worker's KV "
+        "events to be read once (its cache's snapshot when its history was cut) before serving; past it the "
+        "router serves and logs which are not read yet; 0: do not wait (default: 10)",
     )
     group.add_argument(
         "--connect-timeout",
