@@ -72,9 +72,6 @@ def run_route(args: argparse.Namespace) -> int:
     from tokenfront.router.worker_allow import WorkerAllowList
     from tokenfront.router.worker_pool import PoolSettings
 
-    # The router polls every worker's /health, /server_info and KV events: httpx's per-request INFO lines
-    # would drown the log.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     # Without --model (and --tokenizer) there is nothing to render with: the router routes by load only. With
     # --config, one pipeline per model, each built from its table as from the command line.
     pipelines = [
