@@ -534,7 +534,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=64 * 1024 * 1024,
         help="largest worker answer (or stream) relayed; beyond it the router stops reading and answers 502 or "
-        "an error event (default: 67108864, 64 MiB)",
+        "an error event; also the largest answer to the router's own checks and KV event reads (default: "
+        "67108864, 64 MiB)",
     )
     group.add_argument(
         "--max-connections-per-worker",

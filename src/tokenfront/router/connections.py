@@ -6,12 +6,13 @@ streams, locks, h11, its request and response models, and a failed `import sniff
 not installed); aiohttp about 60 µs; this pool about 20 µs. It does only what the router needs: send a request
 (a POST and its body, or a GET and its query) in one write, read the answer (Content-Length, chunked, or until
 close; 1xx skipped) whole or piece by piece as it arrives, pause reading while the client is behind, close the
-connection when a request is abandoned (the worker then stops generating), and reuse it otherwise. Errors are `WorkerTransportError`s named after
-httpx's, so the proxy tells connection failures from worker answers the same way; `BadAnswer` and
-`AnswerTooLarge` are the worker's answer breaking HTTP or the route's contract, or going over a limit.
+connection when a request is abandoned (the worker then stops generating), and reuse it otherwise. Errors are
+`WorkerTransportError`s named after httpx's, so the proxy tells connection failures from worker answers the
+same way; `BadAnswer` and `AnswerTooLarge` are the worker's answer breaking HTTP or the route's contract, or
+going over a limit.
 
-Every wait is bounded: the head of an answer by the `head_timeout` the caller gives (`request`), each further read
-by the time given to it (by default the pool's `idle_timeout`), and a whole body (`WorkerResponse.read`) also
+Every wait is bounded: the head of an answer by the `head_timeout` the caller gives (`request`), each further
+read by the time given to it (by default the pool's `idle_timeout`), and a whole body (`WorkerResponse.read`) also
 by a deadline and a size.
 """
 
