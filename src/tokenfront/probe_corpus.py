@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import httpx
+from typing import Any, Protocol
 
 # How much of a refusal's message is kept (it ends up in a log line or a table).
 _MESSAGE_CHARS = 200
+
+
+class Answer(Protocol):
+    """An answer as the corpus reads it: httpx's `Response` (`tokenfront check`) or the router's `CheckAnswer`."""
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,7 @@ PROBE_CASES: tuple[ProbeCase, ...] = (
 )
 
 
-def token_ids(response: httpx.Response) -> list[int] | None:
+def token_ids(response: Answer) -> list[int] | None:
     """The `tokens` of a `/tokenize` answer; None when the body has no list of integer ids."""
     try:
         body = response.json()
@@ -151,7 +157,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return first if first is not None else min(len(a), len(b))
 
 
-def refusal_message(response: httpx.Response) -> str:
+def refusal_message(response: Answer) -> str:
     """The error message of a refusal: OpenAI's `error.message`, vLLM's older top-level `message`, or text."""
     try:
         body = response.json()

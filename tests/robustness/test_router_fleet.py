@@ -510,7 +510,7 @@ def test_pool_serving_filters_by_model_name() -> None:
     async def main() -> None:
         pool = WorkerPool(KvIndex(), PoolSettings(), placement=ModelPlacement([("a", "b")]))
         for url, names in (("http://w1", ("a",)), ("http://w2", ("a", "b")), ("http://w3", None)):
-            worker = Worker(url, httpx.AsyncClient(), pool.connections_for(url), healthy=True)
+            worker = Worker(url, pool.check_client_for(url), pool.connections_for(url), healthy=True)
             worker.report = WorkerReport(None, served_model_names=names)
             pool.workers[url] = worker
         try:
@@ -523,7 +523,7 @@ def test_pool_serving_filters_by_model_name() -> None:
         finally:
             for worker in pool.workers.values():
                 worker.connections.close()
-                await worker.client.aclose()
+                worker.client.close()
 
     asyncio.run(main())
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from scripted_server import Exchange, Server, answer
 
 from conftest import (
     ADMIN,
@@ -37,6 +38,7 @@ from tokenfront.core.render import RenderPipeline
 from tokenfront.options import RenderOptions
 from tokenfront.protocol import TokenizeRequest
 from tokenfront.renderer.routes import tokenize_response
+from tokenfront.router.check_client import CheckClient
 from tokenfront.router.gate import ForwardingGate
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.probe import (
@@ -359,17 +361,18 @@ def test_router_gate_reads_probe_results(pipeline: RenderPipeline, caplog: pytes
 def test_router_prober_skips_what_the_router_refuses(pipeline: RenderPipeline) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     cases = (*PROBE_CASES[:2], ProbeCase("image", {"messages": [{"role": "user", "content": [image]}]}))
-    answer = _in_process(pipeline)
+    tokenize = _in_process(pipeline)
     asked: list[dict[str, Any]] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        asked.append(json.loads(request.content))
-        status, payload = answer(asked[-1])
-        return httpx.Response(status, json=payload)
+    async def handler(exchange: Exchange) -> None:
+        assert exchange.head.startswith(b"POST /tokenize HTTP/1.1\r\n")
+        asked.append(json.loads(exchange.body))
+        status, payload = tokenize(asked[-1])
+        await exchange.write(answer(json.dumps(payload).encode(), f"{status} OK"))
 
     async def probe(prober: Prober) -> ProbeResult:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://w") as client:
-            return await prober.run(client, 5.0)
+        async with Server(handler) as server:
+            return await prober.run(_check_client(server.url), 5.0)
 
     result = asyncio.run(probe(Prober(pipeline, cases)))
     assert result == ProbeResult(2, ("image",), None)
@@ -452,10 +455,22 @@ def test_router_pool_probes_on_each_check(pipeline: RenderPipeline, plain_server
             await unprobed.stop()
 
     asyncio.run(main())
-    with pytest.raises(ProbeUnreachable):
+    with pytest.raises(
+        ProbeUnreachable, match=r"^probe case 'system_user': /tokenize unreachable \(ConnectError: "
+    ):
         asyncio.run(_unreachable(pipeline))
 
 
 async def _unreachable(pipeline: RenderPipeline) -> None:
-    async with httpx.AsyncClient(base_url="http://127.0.0.1:9") as client:
-        await Prober(pipeline).run(client, 1.0)
+    await Prober(pipeline).run(_check_client("http://127.0.0.1:9"), 1.0)
+
+
+def _check_client(url: str) -> CheckClient:
+    return CheckClient(
+        url,
+        connect_timeout=1.0,
+        timeout=5.0,
+        max_response_bytes=1 << 20,
+        max_connections=1,
+        keepalive_expiry=4.0,
+    )

@@ -72,9 +72,6 @@ def run_route(args: argparse.Namespace) -> int:
     from tokenfront.router.worker_allow import WorkerAllowList
     from tokenfront.router.worker_pool import PoolSettings
 
-    # The router polls every worker's /health, /server_info and KV events: httpx's per-request INFO lines
-    # would drown the log.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     # Without --model (and --tokenizer) there is nothing to render with: the router routes by load only. With
     # --config, one pipeline per model, each built from its table as from the command line.
     pipelines = [
@@ -537,7 +534,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=64 * 1024 * 1024,
         help="largest worker answer (or stream) relayed; beyond it the router stops reading and answers 502 or "
-        "an error event (default: 67108864, 64 MiB)",
+        "an error event; also the largest answer to the router's own checks and KV event reads (default: "
+        "67108864, 64 MiB)",
     )
     group.add_argument(
         "--max-connections-per-worker",

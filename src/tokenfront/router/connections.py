@@ -1,16 +1,18 @@
-"""`WorkerConnections`: a lean pool of keep-alive HTTP/1.1 connections to one worker, for proxied requests.
+"""`WorkerConnections`: a lean pool of keep-alive HTTP/1.1 connections to one worker, for proxied requests (and,
+in a pool of their own, the router's checks and KV event reads: `router.check_client`).
 
 This is the router's per-request path. httpx costs about half a millisecond of CPU per request there (anyio
 streams, locks, h11, its request and response models, and a failed `import sniffio` per lock when sniffio is
-not installed); aiohttp about 60 µs; this pool about 20 µs. It does only what proxying needs: POST a body in
-one write, read the answer (Content-Length, chunked, or until close; 1xx skipped) whole or piece by piece as
-it arrives, pause reading while the client is behind, close the connection when a request is abandoned (the
-worker then stops generating), and reuse it otherwise. Errors are `WorkerTransportError`s named after
-httpx's, so the proxy tells connection failures from worker answers the same way; `BadAnswer` and
-`AnswerTooLarge` are the worker's answer breaking HTTP or the route's contract, or going over a limit.
+not installed); aiohttp about 60 µs; this pool about 20 µs. It does only what the router needs: send a request
+(a POST and its body, or a GET and its query) in one write, read the answer (Content-Length, chunked, or until
+close; 1xx skipped) whole or piece by piece as it arrives, pause reading while the client is behind, close the
+connection when a request is abandoned (the worker then stops generating), and reuse it otherwise. Errors are
+`WorkerTransportError`s named after httpx's, so the proxy tells connection failures from worker answers the
+same way; `BadAnswer` and `AnswerTooLarge` are the worker's answer breaking HTTP or the route's contract, or
+going over a limit.
 
-Every wait is bounded: the head of an answer by the `head_timeout` the caller gives (`post`), each further read
-by the time given to it (by default the pool's `idle_timeout`), and a whole body (`WorkerResponse.read`) also
+Every wait is bounded: the head of an answer by the `head_timeout` the caller gives (`request`), each further
+read by the time given to it (by default the pool's `idle_timeout`), and a whole body (`WorkerResponse.read`) also
 by a deadline and a size.
 """
 
@@ -25,9 +27,7 @@ from collections.abc import Mapping
 from typing import cast
 from urllib.parse import quote, urlsplit
 
-import httpx
-
-from tokenfront.tls import describe_tls_failure
+from tokenfront.tls import ClientTls, describe_tls_failure
 
 # A proxied answer's head may be this large, and a chunk-size or trailer line this long; the body is read as
 # it comes.
@@ -466,11 +466,11 @@ class WorkerResponse:
 
 
 class WorkerConnections:
-    """Keep-alive HTTP/1.1 connections to one worker, for the proxied requests.
+    """Keep-alive HTTP/1.1 connections to one worker, for the proxied requests (or the checks: `CheckClient`).
 
     At most `max_connections` requests at a time (more wait for a free one, up to `timeout`); idle
     connections are reused most recent first and dropped after `keepalive_expiry` seconds. `connect_timeout`
-    bounds the opening of a connection; `post`'s `head_timeout` (default `timeout`) the wait for an answer's
+    bounds the opening of a connection; `request`'s `head_timeout` (default `timeout`) the wait for an answer's
     head; `idle_timeout` (default `timeout`) a write and each read of the body after it.
     """
 
@@ -493,7 +493,7 @@ class WorkerConnections:
         self.idle_timeout = timeout if idle_timeout is None else idle_timeout
         self._host = parts.hostname or "localhost"
         self._port = parts.port or (443 if https else 80)
-        self._ssl: ssl.SSLContext | None = (ssl_context or httpx.create_ssl_context()) if https else None
+        self._ssl: ssl.SSLContext | None = (ssl_context or ClientTls().context()) if https else None
         self._prefix = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~").encode("ascii")
         fixed = {"host": parts.netloc.rpartition("@")[2], **(headers or {})}
         for name, value in fixed.items():
@@ -518,8 +518,37 @@ class WorkerConnections:
         head_timeout: float | None = None,
         trace_headers: bytes = b"",
     ) -> WorkerResponse:
-        """POST `body` to `path` and return once the answer's head arrived; WorkerTransportError on failure
-        (ReadTimeout when the head took longer than `head_timeout` seconds, default `timeout`).
+        """POST `body` to `path` and return once the answer's head arrived (`request`)."""
+        return await self.request(
+            "POST",
+            path,
+            body=body,
+            content_type=content_type,
+            request_id=request_id,
+            head_timeout=head_timeout,
+            trace_headers=trace_headers,
+        )
+
+    async def get(self, path: str, *, query: str = "", head_timeout: float | None = None) -> WorkerResponse:
+        """GET `path` (with `query`, already encoded, after a "?") and return once the answer's head arrived
+        (`request`)."""
+        return await self.request("GET", path, query=query, head_timeout=head_timeout)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: str = "",
+        body: bytes | None = None,
+        content_type: str = "application/json",
+        request_id: str | None = None,
+        head_timeout: float | None = None,
+        trace_headers: bytes = b"",
+    ) -> WorkerResponse:
+        """Send `method` to `path` (`query` after a "?" when given; `body`, of `content_type`, when not None) and
+        return once the answer's head arrived; WorkerTransportError on failure (ReadTimeout when the head took
+        longer than `head_timeout` seconds, default `timeout`).
 
         `request_id` goes as `X-Request-Id` (an id `server.request_ids` accepted: printable ASCII, no spaces);
         `trace_headers` are header lines already framed (`server.tracing`'s `traceparent`, `tracestate`).
@@ -529,19 +558,21 @@ class WorkerConnections:
         """
         request = b"".join(
             (
-                b"POST ",
+                method.encode("ascii"),
+                b" ",
                 self._prefix,
                 path.encode("ascii"),
+                b"?%s" % query.encode("ascii") if query else b"",
                 b" HTTP/1.1\r\n",
                 self._fixed_headers,
                 b"x-request-id: %s\r\n" % request_id.encode("ascii") if request_id is not None else b"",
                 trace_headers,
-                b"content-type: ",
-                content_type.encode("latin-1"),
-                b"\r\ncontent-length: ",
-                str(len(body)).encode("ascii"),
-                b"\r\n\r\n",
-                body,
+                b""
+                if body is None
+                else b"content-type: %s\r\ncontent-length: %d\r\n"
+                % (content_type.encode("latin-1"), len(body)),
+                b"\r\n",
+                body or b"",
             )
         )
         await self._acquire()

@@ -5,6 +5,10 @@ is read on `GET /kv_cache_events?after=SEQ`, page by page, every `--kv-events-in
 pool's events loop) and once at start-up (`router.kv_warmup`); a worker given a vLLM ZMQ endpoint
 (`kv-events=` in its spec) gets a `VllmEventSubscriber` for as long as it is in the pool. What a page or a batch
 says is put into the index's own vocabulary by `router/tokenfront_feed.py` and `router/vllm_feed.py`.
+
+A read goes over the worker's `CheckClient` (`router.check_client`): each page whole within `--health-timeout`
+and at most `--max-response-bytes` (a snapshot of a large cache is several MB); a failed read is logged at debug
+level and caught up on the next one.
 """
 
 from __future__ import annotations
@@ -15,10 +19,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
-import orjson
-
-from tokenfront.router.connections import describe_error
+from tokenfront.router.connections import WorkerTransportError, describe_error
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.worker import Worker
 
@@ -83,15 +84,19 @@ class KvFeeds:
                 response = await worker.client.get(
                     "/kv_cache_events", params=params, timeout=self.settings.health_timeout
                 )
-                response.raise_for_status()
-                payload = orjson.loads(
-                    response.content
-                )  # a snapshot is ~20 digits a block, thousands of them
+                if response.status_code != 200:
+                    # Liveness is the health check's business; a missed poll is caught up on the next one.
+                    log.debug("reading KV events of %s: it answered %d", worker.url, response.status_code)
+                    return None
+                payload = response.json()  # orjson: a snapshot is ~20 digits a block, thousands of them
                 if not worker.healthy or self.workers.get(worker.url) is not worker:
                     return None  # taken out or removed while reading: what it held was forgotten
                 self.kv_index.apply_tokenfront_events(worker.url, payload)
-            except (httpx.HTTPError, ValueError, AttributeError) as exc:  # orjson's errors are ValueErrors
-                # Liveness is the health check's business; a missed poll is caught up on the next one.
+            except (
+                WorkerTransportError,
+                ValueError,
+                AttributeError,
+            ) as exc:  # orjson's errors are ValueErrors
                 log.debug("reading KV events of %s failed: %s", worker.url, describe_error(exc))
                 return None
             snapshot = snapshot or payload.get("snapshot") is not None

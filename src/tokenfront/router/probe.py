@@ -21,15 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from tokenfront.core.errors import RenderError
 from tokenfront.core.render import RenderPipeline
 from tokenfront.probe_corpus import PROBE_CASES, ProbeCase, first_difference, refusal_message, token_ids
 from tokenfront.probe_corpus import UNICODE_TEXT as UNICODE_TEXT  # re-exported: the corpus's test reads it
 from tokenfront.protocol import TokenizeRequest
 from tokenfront.renderer.routes import tokenize_response
-from tokenfront.router.connections import describe_error
+from tokenfront.router.check_client import CheckClient, describe_failure
+from tokenfront.router.connections import WorkerTransportError
 from tokenfront.server.errors import APIError
 
 NO_PROBER = "the router cannot render (started without --model), so it cannot probe"
@@ -94,8 +93,8 @@ class Prober:
             ids[case.name] = list(answer["tokens"])
         return ExpectedIds(day, ids, tuple(skipped))
 
-    async def run(self, client: httpx.AsyncClient, timeout: float) -> ProbeResult:
-        """Ask the worker (`client`'s base URL) for each case the router renders; stop at the first difference.
+    async def run(self, client: CheckClient, timeout: float) -> ProbeResult:
+        """Ask the worker (`client`'s) for each case the router renders; stop at the first difference.
 
         ProbeUnreachable when a request fails at the connection (the caller decides what that means).
         """
@@ -118,14 +117,12 @@ class Prober:
 
     @staticmethod
     async def _compare(
-        client: httpx.AsyncClient, case: ProbeCase, expected: list[int], timeout: float
+        client: CheckClient, case: ProbeCase, expected: list[int], timeout: float
     ) -> str | None:
         try:
             response = await client.post("/tokenize", json=dict(case.body), timeout=timeout)
-        except httpx.HTTPError as exc:
-            raise ProbeUnreachable(
-                f"probe case {case.name!r}: /tokenize unreachable ({describe_error(exc)})"
-            ) from exc
+        except WorkerTransportError as exc:
+            raise ProbeUnreachable(f"probe case {case.name!r}: {describe_failure('/tokenize', exc)}") from exc
         if response.status_code != 200:
             refusal = refusal_message(response)
             return f"probe case {case.name!r}: /tokenize answered {response.status_code} ({refusal})"

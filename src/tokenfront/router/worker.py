@@ -4,8 +4,9 @@ A `Worker` is made by `WorkerPool.add` from a `WorkerSpec` and brought up to dat
 (`router.worker_health`); the proxy counts its requests on it and hands the policy its `load()`. `describe()` is
 what the admin API and `/server_info` show of it.
 
-Each worker has two clients: an `httpx.AsyncClient` for the periodic checks and event polls, and a
-`router.connections.WorkerConnections` pool for the proxied requests (the router's per-request path).
+Each worker has two pools of keep-alive connections: a `router.check_client.CheckClient` for the periodic checks
+and event polls, and a `router.connections.WorkerConnections` pool for the proxied requests (the router's
+per-request path); the first is built on the second's connections.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
+from tokenfront.router.check_client import CheckClient
 from tokenfront.router.connections import WorkerConnections
 from tokenfront.router.policies.base import WorkerLoad
 from tokenfront.router.worker_report import WorkerReport
@@ -48,7 +48,7 @@ class Worker:
     """One worker: its connection pools, its last report, its health and its load."""
 
     url: str
-    client: httpx.AsyncClient  # the checks and event polls
+    client: CheckClient  # the checks and event polls
     connections: WorkerConnections  # the proxied requests
     kv_events: str | None = None
     kv_replay: str | None = None

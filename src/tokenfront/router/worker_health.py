@@ -21,6 +21,10 @@ concludes; the pool acts on its conclusions (the active set, `on_change`).
 Every request the router sends a worker carries its instance id in `VIA_HEADER`; a router that receives its own
 id answers 508 `LOOP_CODE` (`router.app`), so a URL that reaches the router itself is found at its first health
 check, however it is spelled.
+
+The questions go over the worker's `CheckClient` (`router.check_client`), each answered whole within
+`--health-timeout`; one that fails at the connection is named by its error, e.g. `/health unreachable
+(ReadTimeout: no whole answer within 5 s)`.
 """
 
 from __future__ import annotations
@@ -31,9 +35,8 @@ import logging
 from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING
 
-import httpx
-
-from tokenfront.router.connections import describe_error
+from tokenfront.router.check_client import CheckAnswer, describe_failure
+from tokenfront.router.connections import WorkerTransportError, describe_error
 from tokenfront.router.generate import GENERATE_PATH
 from tokenfront.router.model_placement import ModelPlacement
 from tokenfront.router.probe import NO_PROBER, Prober, ProbeResult, ProbeUnreachable
@@ -116,8 +119,8 @@ class HealthCheck:
         """
         try:
             response = await worker.client.post(GENERATE_PATH, json={}, timeout=self.settings.health_timeout)
-        except httpx.HTTPError as exc:
-            return f"{GENERATE_PATH} unreachable ({describe_error(exc)})"
+        except WorkerTransportError as exc:
+            return describe_failure(GENERATE_PATH, exc)
         if response.status_code in (403, 404, 405):
             return (
                 f"it has no tokens-in route: {GENERATE_PATH} answered {response.status_code} (start vLLM with "
@@ -129,8 +132,8 @@ class HealthCheck:
         """Why `/health` says the worker is not up, and whether that makes it unusable (None, None: it is up)."""
         try:
             response = await worker.client.get("/health", timeout=self.settings.health_timeout)
-        except httpx.HTTPError as exc:
-            return f"/health unreachable ({describe_error(exc)})", None
+        except WorkerTransportError as exc:
+            return describe_failure("/health", exc), None
         if response.status_code == 508 and _error_code(response) == LOOP_CODE:
             # Only the router that sent VIA_HEADER answers its own id so: this URL reaches this router.
             return (
@@ -163,7 +166,7 @@ class HealthCheck:
         """
         try:
             response = await worker.client.get("/v1/models", timeout=self.settings.health_timeout)
-        except httpx.HTTPError:
+        except WorkerTransportError:
             return None, None
         if response.status_code in (401, 403):
             return self._key_problem("GET /v1/models", response.status_code), None
@@ -218,11 +221,11 @@ class HealthCheck:
         """The worker's `/server_info` as a report (one saying what is missing when it cannot be read)."""
         try:
             response = await worker.client.get("/server_info", timeout=self.settings.health_timeout)
-        except httpx.HTTPError as exc:
+        except WorkerTransportError as exc:
             if worker.report is not None and worker.report.fingerprint is not None:
                 # /health answered, so it is the same process: a slow /server_info says nothing new.
                 return worker.report
-            return WorkerReport(None, missing=f"/server_info unreachable ({describe_error(exc)})")
+            return WorkerReport(None, missing=describe_failure("/server_info", exc))
         if response.status_code != 200:
             return WorkerReport(None, missing=f"/server_info answered {response.status_code}")
         try:
@@ -250,7 +253,7 @@ class HealthCheck:
             return ProbeResult(0, difference=f"the probe failed in the router ({describe_error(exc)})")
 
 
-def _error_code(response: httpx.Response) -> str | None:
+def _error_code(response: CheckAnswer) -> str | None:
     """The `error.code` of an OpenAI-shaped error answer (None when it has none)."""
     try:
         body = response.json()

@@ -7,9 +7,9 @@ check or a request to it fails and puts it back when it answers again, and keeps
 (`router.kv_feeds`). Whenever the active set or what an active worker reports changes, `on_change` is called
 (the app re-evaluates the forwarding gate there); a changed probe result counts as a changed report.
 
-It gives each worker its two clients: an `httpx.AsyncClient` for the periodic checks and event polls, and a
-`router.connections.WorkerConnections` pool for the proxied requests, both with the router's headers
-(`VIA_HEADER`, the worker key) and one TLS context.
+It gives each worker its two pools of keep-alive connections: a `router.check_client.CheckClient` for the
+periodic checks and event polls, and a `router.connections.WorkerConnections` pool for the proxied requests, both
+with the router's headers (`VIA_HEADER`, the worker key) and one TLS context.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
+from tokenfront.router.check_client import CheckClient
 from tokenfront.router.connections import WorkerConnections, describe_error
 from tokenfront.router.kv_feeds import KvFeeds
 from tokenfront.router.kv_index import KvIndex
@@ -252,12 +251,12 @@ class WorkerPool:
         try:
             self.feeds.subscribe(worker)
         except Exception:
-            await self._discard(worker)
+            self._discard(worker)
             raise
         await self.check(worker)
         if refuse_loops and worker.unusable in (ROUTER_ITSELF, ROUTER_LOOP):
             problem = worker.problem
-            await self._discard(worker)
+            self._discard(worker)
             raise RouterItself(f"{spec.url}: {problem}")
         if self._first_reads is not None and self.feeds.publishes(worker):
             await self._first_read(worker)
@@ -287,7 +286,7 @@ class WorkerPool:
         reads, self._first_reads = self._first_reads or {}, None
         return reads, self._first_reads_began
 
-    async def _discard(self, worker: Worker) -> None:
+    def _discard(self, worker: Worker) -> None:
         """Take back a worker that was refused while it was being added."""
         if self.workers.get(worker.url) is worker:
             del self.workers[worker.url]
@@ -295,7 +294,7 @@ class WorkerPool:
         self.feeds.unsubscribe(worker)
         self.kv_index.forget(worker.url)
         worker.connections.close()
-        await worker.client.aclose()
+        worker.client.close()
 
     async def remove(self, url: str) -> Worker:
         """Remove a worker; KeyError when there is none with that URL. Its in-flight requests finish."""
@@ -317,17 +316,18 @@ class WorkerPool:
         key = self.settings.key_for_workers
         return {**headers, "authorization": f"Bearer {key}"} if key else headers
 
-    def _client(self, url: str) -> httpx.AsyncClient:
+    def _client(self, url: str) -> CheckClient:
         """The client of the checks and event polls (each request gives its own timeout)."""
         settings = self.settings
-        timeout = httpx.Timeout(settings.health_timeout, connect=settings.connect_timeout)
-        limits = httpx.Limits(
+        return CheckClient(
+            url,
+            connect_timeout=settings.connect_timeout,
+            timeout=settings.health_timeout,
+            max_response_bytes=settings.max_response_bytes,
             max_connections=_CHECK_CONNECTIONS,
-            max_keepalive_connections=_CHECK_CONNECTIONS,
             keepalive_expiry=_KEEPALIVE_EXPIRY,
-        )
-        return httpx.AsyncClient(
-            base_url=url, timeout=timeout, limits=limits, headers=self._headers(), verify=self._ssl_context()
+            headers=self._headers(),
+            ssl_context=self._ssl_context() if urlsplit(url).scheme == "https" else None,
         )
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -335,6 +335,11 @@ class WorkerPool:
         if self._tls_context is None:
             self._tls_context = (self.settings.worker_tls or ClientTls()).context()
         return self._tls_context
+
+    def check_client_for(self, url: str) -> CheckClient:
+        """A new client of the checks and event polls to ``url``, as the pool gives each worker it adds (its
+        timeouts, headers and TLS context)."""
+        return self._client(url)
 
     def connections_for(self, url: str) -> WorkerConnections:
         """A new pool of keep-alive connections to ``url`` for proxied requests, as the pool gives each worker it
@@ -365,7 +370,7 @@ class WorkerPool:
         while worker.active_requests and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
         worker.connections.close()
-        await worker.client.aclose()
+        worker.client.close()
 
     # -- health ----------------------------------------------------------------------------------------------
 
@@ -486,7 +491,7 @@ class WorkerPool:
         for worker in self.workers.values():
             self.feeds.unsubscribe(worker)
             worker.connections.close()
-            await worker.client.aclose()
+            worker.client.close()
 
     async def _health_loop(self) -> None:
         while True:
