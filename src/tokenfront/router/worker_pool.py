@@ -185,6 +185,9 @@ class WorkerPool:
         except ValueError:
             return None
         known = self._identities.get(identity)
+        if known is None and len(self._identities) != len(self.workers):
+            # Workers put in `workers` without `add` (a test's pool): look through them all.
+            return next((w for key, w in self.workers.items() if worker_identity(key) == identity), None)
         return self.workers.get(known) if known is not None else None
 
     def _forget_identity(self, url: str) -> None:
