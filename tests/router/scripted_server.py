@@ -2,16 +2,45 @@
 tests (`test_proxy_send.py`, `test_check_client.py`, `test_router_probe.py`).
 
 `Server(handler)` listens on 127.0.0.1 (an ephemeral port) and calls `handler(exchange)` for each request it
-reads (head and Content-Length body); it counts the connections it accepted.
+reads (head and Content-Length body); it counts the connections it accepted. `run` runs a test's coroutine,
+bounded, on the loop `choose_loop` picked for it (a test module parametrizes its tests over `LOOPS`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
 
 BODY = b'{"choices":[{"index":0,"text":"hi"}]}'
 Handler = Callable[["Exchange"], Awaitable[None]]
+
+# The standard loop, and uvloop (what the router's server runs on).
+LOOPS = ("asyncio", "uvloop")
+_LOOP = {"name": "asyncio"}
+
+
+def choose_loop(request: pytest.FixtureRequest) -> str:
+    """Make `request.param` (one of `LOOPS`) the loop `run` uses; skipped where uvloop is not installed."""
+    if request.param == "uvloop":
+        pytest.importorskip("uvloop")
+    _LOOP["name"] = request.param
+    return str(request.param)
+
+
+def run(coroutine: Awaitable[Any]) -> Any:
+    """Run `coroutine` to its end, within 30 s, on the chosen loop."""
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(coroutine, 30)
+
+    if _LOOP["name"] == "uvloop":
+        import uvloop
+
+        return uvloop.run(bounded())
+    return asyncio.run(bounded())
 
 
 def answer(body: bytes = BODY, status: str = "200 OK", *headers: str) -> bytes:

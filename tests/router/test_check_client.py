@@ -7,12 +7,11 @@ check says when a worker is slow or answers too much.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from typing import Any
 
 import orjson
 import pytest
-from scripted_server import Exchange, Server, answer, chunked
+from scripted_server import LOOPS, Exchange, Server, answer, choose_loop, chunked, run
 
 from tokenfront.router.check_client import CheckAnswer, CheckClient, describe_failure
 from tokenfront.router.connections import AnswerTooLarge, ConnectError, ReadTimeout, RemoteProtocolError
@@ -20,27 +19,11 @@ from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.worker_pool import PoolSettings, WorkerPool
 from tokenfront.router.worker_spec import WorkerSpec
 
-_LOOP = {"name": "asyncio"}
 
-
-@pytest.fixture(autouse=True, params=["asyncio", "uvloop"])
+@pytest.fixture(autouse=True, params=LOOPS)
 def event_loop_kind(request: pytest.FixtureRequest) -> str:
     """Every test runs on the standard loop and on uvloop (what the router's server runs on)."""
-    if request.param == "uvloop":
-        pytest.importorskip("uvloop")
-    _LOOP["name"] = request.param
-    return str(request.param)
-
-
-def run(coroutine: Awaitable[Any]) -> Any:
-    async def bounded() -> Any:
-        return await asyncio.wait_for(coroutine, 30)
-
-    if _LOOP["name"] == "uvloop":
-        import uvloop
-
-        return uvloop.run(bounded())
-    return asyncio.run(bounded())
+    return choose_loop(request)
 
 
 def client_of(url: str, **settings: Any) -> CheckClient:

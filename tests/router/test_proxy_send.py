@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from scripted_server import BODY, Exchange, Server, answer, chunked
+from scripted_server import BODY, LOOPS, Exchange, Server, answer, choose_loop, chunked, run
 from starlette.requests import Request
 
 from tokenfront.router.connections import (
@@ -38,27 +37,11 @@ from tokenfront.router.proxy import FORWARDED_HEADER, WORKER_HEADER, Proxy
 from tokenfront.router.worker_pool import PoolSettings, WorkerPool
 from tokenfront.router.worker_spec import WorkerSpec
 
-_LOOP = {"name": "asyncio"}
 
-
-@pytest.fixture(autouse=True, params=["asyncio", "uvloop"])
+@pytest.fixture(autouse=True, params=LOOPS)
 def event_loop_kind(request: pytest.FixtureRequest) -> str:
     """Every test runs on the standard loop and on uvloop (what the router's server runs on)."""
-    if request.param == "uvloop":
-        pytest.importorskip("uvloop")
-    _LOOP["name"] = request.param
-    return str(request.param)
-
-
-def run(coroutine: Awaitable[Any]) -> Any:
-    async def bounded() -> Any:
-        return await asyncio.wait_for(coroutine, 30)
-
-    if _LOOP["name"] == "uvloop":
-        import uvloop
-
-        return uvloop.run(bounded())
-    return asyncio.run(bounded())
+    return choose_loop(request)
 
 
 def pool_of(url: str, **settings: Any) -> WorkerConnections:
