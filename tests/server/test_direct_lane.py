@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,102 @@ def test_the_lane_answers_what_the_usual_path_answers(renderers: tuple[Any, Any]
     assert _direct_answers(usual.url) == {}  # with --access-log, every request took the usual path
 
 
+# Requests that arrive whole in one read but that the lane's own reading of a head (`DirectLane.answer_whole`)
+# leaves to the HTTP parser, or takes: (name, request, answered by the lane). The parser's answer must be the
+# usual path's either way, and the lane must still take what it takes once the parser has read it.
+_BASE = _request(CHAT, CHAT_BODY)
+WHOLE_CASES = [
+    (
+        "lower-case names, Keep-Alive",
+        _BASE.replace(b"Content-Type", b"content-type")
+        .replace(b"X-Request-Id", b"x-request-id")
+        .replace(b"\r\n\r\n", b"\r\nconnection: Keep-Alive\r\n\r\n", 1),
+        True,
+    ),
+    ("a tab before a value", _BASE.replace(b"Id: lane-test-1", b"Id:\tlane-test-1"), True),
+    ("an empty header value", _BASE.replace(b"\r\n\r\n", b"\r\nX-Empty:\r\n\r\n", 1), True),
+    ("a value with white space after it", _BASE.replace(b"lane-test-1\r\n", b"lane-test-1  \r\n"), True),
+    ("a query string", _BASE.replace(CHAT.encode(), CHAT.encode() + b"?x=1", 1), True),
+    ("HTTP/1.0", _BASE.replace(b"HTTP/1.1", b"HTTP/1.0", 1), True),
+    ("Connection: upgrade", _BASE.replace(b"\r\n\r\n", b"\r\nConnection: upgrade\r\n\r\n", 1), True),
+    ("two Content-Lengths", _BASE.replace(b"\r\n\r\n", b"\r\nContent-Length: 5\r\n\r\n", 1), False),
+    ("a Content-Length with a sign", _BASE.replace(b"Content-Length: ", b"Content-Length: +", 1), False),
+    ("a body longer than its Content-Length", _BASE + b"  ", True),
+    ("a space in a header name", _BASE.replace(b"X-Request-Id", b"X Request-Id"), False),
+    ("a control character in a value", _BASE.replace(b"lane-test-1", b"lane\x01test-1"), False),
+    ("a folded header line", _BASE.replace(b"\r\n\r\n", b"\r\nX-Fold: a\r\n b\r\n\r\n", 1), False),
+    ("a lower-case method", _BASE.replace(b"POST", b"post", 1), False),
+    (
+        "chunked",
+        _BASE.replace(b"Content-Length: %d" % len(CHAT_BODY), b"Transfer-Encoding: chunked").replace(
+            CHAT_BODY, b"%x\r\n%s\r\n0\r\n\r\n" % (len(CHAT_BODY), CHAT_BODY)
+        ),
+        False,
+    ),
+]
+
+
+def test_which_whole_requests_the_lane_reads_itself(qwen3: Path) -> None:
+    """In-process, the lane's own reading: the plain request and the first three cases are answered without the
+    parser, every other case is left to it (None)."""
+    from tokenfront import RenderOptions, RenderPipeline
+    from tokenfront.renderer.app import create_renderer_app
+    from tokenfront.server.direct import DirectLane
+
+    lane = DirectLane.of(create_renderer_app(RenderPipeline.load(RenderOptions(model=str(qwen3)))))
+    assert lane is not None
+    read = [
+        lane.answer_whole(request, 8192, 100, []) is not None
+        for request in [_request(CHAT, CHAT_BODY, auth="none"), *(case[1] for case in WHOLE_CASES)]
+    ]
+    assert read == [True] * 4 + [False] * 12
+    assert (
+        lane.answer_whole(_BASE.replace(b"Bearer", b"Bearer"), 100, 100, []) is None
+    )  # a head over 100 bytes
+    assert lane.answer_whole(_BASE, 8192, 4, []) is None  # 5 header lines over 4
+    answer, keep_alive = lane.answer_whole(
+        _BASE.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1), 8192, 100, []
+    )  # type: ignore[misc]
+    assert not keep_alive and answer.startswith(b"HTTP/1.1 200 OK\r\ncontent-length: ")
+    assert b"\r\nconnection: close\r\n" in answer and b"\r\nx-request-id: lane-test-1\r\n" in answer
+
+
+def test_whole_requests_the_parser_reads_instead(renderers: tuple[Any, Any]) -> None:
+    lane, usual = renderers
+    compared = taken = 0
+    for name, request, by_lane in WHOLE_CASES:
+        counted = sum(_direct_answers(lane.url).values())
+        got = _raw_exchange(lane.url, request)
+        expected = _raw_exchange(usual.url, request)
+        assert got == expected, name
+        compared += 1
+        now = sum(_direct_answers(lane.url).values())
+        assert now == counted + by_lane, name
+        taken += by_lane
+    assert compared == len(WHOLE_CASES) == 15
+    assert taken == 8
+    assert "Traceback" not in lane.log() and "Traceback" not in usual.log()
+
+
+def _raw_exchange(url: str, request: bytes) -> bytes:
+    """Everything the server sends for one write of `request`, up to its first answer's end (or the close),
+    masked."""
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=_DEADLINE) as sock:
+        sock.sendall(request)
+        buffer = b""
+        while True:
+            head_end = buffer.find(b"\r\n\r\n")
+            if head_end >= 0:
+                found = re.search(rb"content-length: (\d+)\r\n", buffer[:head_end].lower())
+                if found is not None and len(buffer) >= head_end + 4 + int(found.group(1)):
+                    return _masked(buffer[: head_end + 4 + int(found.group(1))])
+            chunk = sock.recv(65536)
+            if not chunk:
+                return _masked(buffer)
+            buffer += chunk
+
+
 def test_split_bodies_pipelining_and_keep_alive(renderers: tuple[Any, Any]) -> None:
     lane, usual = renderers
     request = _request(CHAT, CHAT_BODY)
@@ -162,3 +259,23 @@ def test_split_bodies_pipelining_and_keep_alive(renderers: tuple[Any, Any]) -> N
         assert len(got) == count and all(answer.startswith(b"HTTP/1.1 200 OK\r\n") for answer in got), name
         assert _direct_answers(lane.url)[CHAT] == counted + count, name
     assert "Traceback" not in lane.log() and "Traceback" not in usual.log()
+
+
+def test_keep_alive_is_reckoned_from_the_last_answer(
+    qwen3: Path, tmp_path: Path, launch: Callable[..., Any]
+) -> None:
+    """Answers read whole leave the keep-alive timer running: when it goes off it must count the idle time from
+    the last answer, not close a connection that was busy meanwhile. Timed on purpose (the keep-alive timeout is
+    what is tested): requests 1.2 s apart on a 2 s timeout, 2.4 s in all, then the close once idle."""
+    server = launch(["render", "--model", str(qwen3), "--keep-alive-timeout", "2"], log_dir=tmp_path)
+    request = _request(CHAT, CHAT_BODY)
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=_DEADLINE) as sock:
+        for _ in range(3):
+            sock.sendall(request)
+            (answer,) = _read_answers(sock, 1)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+            time.sleep(1.2)
+        sock.settimeout(_DEADLINE)
+        assert sock.recv(65536) == b""  # idle for 2 s after the last answer: closed
+    assert _direct_answers(server.url) == {CHAT: 3.0}

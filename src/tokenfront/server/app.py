@@ -188,6 +188,7 @@ def create_app(
 
     @app.get("/metrics", tags=["common"])
     async def get_metrics() -> Response:
+        metrics.flush()  # this turn's counts too
         return Response(exposition(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -22,6 +22,7 @@ router's do not (its loop guard stands in front of them), and it renders for rou
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,16 @@ DirectAnswer = Callable[["FastAPI", bytes, dict[str, Any]], "bytes | None"]
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode("ascii")
 _JSON_HEAD = b"content-type: application/json\r\n"
 
+# A whole POST request head of header lines (RFC 9110's token for a name; printable characters, spaces, tabs
+# and obs-text for a value), and one such line, its value without the white space before it, for `answer_whole`.
+# Possessive: nothing is tried twice. What they do not match, the HTTP parser reads.
+_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]++"
+_VALUE = rb"[\t\x20-\x7e\x80-\xff]*+"
+_WHOLE_HEAD = re.compile(rb"POST (/[!-~]*+) HTTP/1\.1\r\n((?:" + _TOKEN + b":" + _VALUE + rb"\r\n)*+)\r\n")
+_HEADER_LINE = re.compile(b"(" + _TOKEN + rb"):[ \t]*+(" + _VALUE + rb")\r\n")
+# Headers that send a request to the parser: the body comes otherwise, or the client asks for more than an answer.
+_NOT_WHOLE = frozenset((b"transfer-encoding", b"expect", b"upgrade"))
+
 
 class DirectLane:
     """The direct answers of one app (its lean routes that offer one), and the checks in front of them."""
@@ -60,6 +71,7 @@ class DirectLane:
     def __init__(self, app: TokenfrontApp, front: AuthAndMetrics) -> None:
         self.app = app
         self.routes = dict(app.direct_routes)
+        self.raw_paths = {path.encode("ascii"): path for path in self.routes}  # for `answer_whole`
         self.front = front  # the key check and the request metrics
         self.drain = app.drain
         self.max_body = min(INLINE_BODY_BYTES, app.max_body_bytes)
@@ -88,16 +100,83 @@ class DirectLane:
     ) -> bytes | None:
         """The whole HTTP answer to a request `takes` took, or None: the usual path answers it."""
         headers = scope["headers"]
+        return self._respond(
+            scope["path"],
+            headers,
+            body,
+            _header(headers, b"content-type"),
+            _header(headers, _REQUEST_ID),
+            keep_alive,
+            default_headers,
+        )
+
+    def answer_whole(
+        self, data: bytes, max_head: int, max_headers: int, default_headers: list[Any]
+    ) -> tuple[bytes, bool] | None:
+        """The whole HTTP answer, and whether the connection stays open, to `data` when it is exactly one
+        complete request the lane takes: read here without the HTTP parser (`_WHOLE_HEAD`), for the common
+        read that holds a whole small request. None for anything else — a head this reading does not take
+        (another method or version, a line the grammar below does not cover or a value followed by white space,
+        a query, more than `max_head` bytes or `max_headers` lines), an incomplete body or a second request behind it, a Transfer-Encoding,
+        Expect, Upgrade or unusual Connection header — or a request the lane declines: the parser then
+        reads the same bytes, as if this had not looked."""
+        match = _WHOLE_HEAD.match(data)
+        if match is None or match.end() > max_head:
+            return None
+        path = self.raw_paths.get(match.group(1))
+        if path is None:
+            return None
+        lines = match.group(2)
+        if b" \r\n" in lines or b"\t\r\n" in lines:
+            return None  # a value with white space after it: the parser's to strip
+        headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(lines)]
+        if len(headers) > max_headers:
+            return None
+        length = content_type = request_id = None
+        keep_alive = True
+        for name, value in headers:
+            if name == b"content-length":
+                if length is not None or not value.isdigit():
+                    return None
+                length = int(value)
+            elif name == b"content-type":
+                content_type = value
+            elif name == _REQUEST_ID:
+                request_id = value
+            elif name == b"connection":
+                token = value.lower()
+                if token == b"close":
+                    keep_alive = False
+                elif token != b"keep-alive":
+                    return None
+            elif name in _NOT_WHOLE:
+                return None
+        body = data[match.end() :]
+        if length != len(body) or not 0 < length <= self.max_body:
+            return None
+        answer = self._respond(path, headers, body, content_type, request_id, keep_alive, default_headers)
+        return None if answer is None else (answer, keep_alive)
+
+    def _respond(
+        self,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        content_type: bytes | None,
+        client_request_id: bytes | None,
+        keep_alive: bool,
+        default_headers: list[Any],
+    ) -> bytes | None:
+        scope = {"method": "POST", "path": path, "headers": headers}
         if self.drain.draining or self.front.refusal(scope) is not None:
             return None
         try:
-            payload = parse_body(body, (_header(headers, b"content-type") or b"").decode("latin-1"))
+            payload = parse_body(body, (content_type or b"").decode("latin-1"))
         except APIError:
             return None
         if not PIPELINE_LOCK.acquire(blocking=False):
             return None
-        path = scope["path"]
-        request_id = accepted_request_id(_header(headers, _REQUEST_ID))
+        request_id = accepted_request_id(client_request_id)
         token = set_request_id(request_id)
         start = time.perf_counter()
         try:

@@ -96,6 +96,11 @@ class ConnectionTable:
         if first:
             self._waiting.move_to_end(connection, last=False)
 
+    def answered(self, connection: BoundedHttpProtocol) -> None:
+        """`connection` has just been answered, and waits again: the last the cap reclaims."""
+        self._waiting.pop(connection, None)
+        self._waiting[connection] = None
+
     def busy(self, connection: BoundedHttpProtocol) -> None:
         """`connection` has a request in progress, or is gone: not to be reclaimed."""
         self._waiting.pop(connection, None)
@@ -187,6 +192,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._dropped = 0  # bytes read and dropped after a refusal
         self._pending_refusal: tuple[int, str, str] | None = None  # to answer once earlier answers are out
         self._counted = False  # counted against the cap (`ConnectionTable.open`)
+        # The loop time of the last answer given without the parser while the keep-alive timer ran on (its
+        # handler then sets it again for the rest of the idle time rather than close the connection).
+        self._answered_at = float("-inf")
 
     # -- the connection -------------------------------------------------------------------------------------
 
@@ -207,6 +215,15 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if (
+            self.direct is not None
+            and not self._head_begun
+            and self._head_bytes == 0
+            and (self._phase == _READING_HEAD or self._phase == _MESSAGE_READ)
+            and (self.cycle is None or self.cycle.response_complete)
+            and self._answer_whole(data)
+        ):
+            return
         if self._phase == _CLOSING:
             self._drop_input(data)
             return
@@ -331,6 +348,44 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             if self._answer_directly(cycle):  # a pipelined request, its body already in
                 return
         super()._start_asgi_task(cycle, app)
+
+    def _answer_whole(self, data: bytes) -> bool:
+        """Answer `data` on the direct lane when it is one whole request read without the parser
+        (`DirectLane.answer_whole`), as `_answer_directly` and uvicorn's cycle would after the parser; False:
+        not answered, the parser reads `data`. Between requests only (nothing of a head fed to the parser,
+        no answer in progress)."""
+        assert self.direct is not None
+        if self.pipeline or self.flow.write_paused or self.transport.is_closing():
+            return False
+        answered = self.direct.answer_whole(
+            data, self._max_header_bytes, self._max_headers, self.server_state.default_headers
+        )
+        if answered is None:
+            return False
+        answer, keep_alive = answered
+        self.transport.write(answer)
+        self.server_state.total_requests += 1
+        self._phase = _MESSAGE_READ
+        if self._deadline is not None:
+            self._cancel_deadline()  # the first request's head deadline
+        if not keep_alive:
+            self.transport.close()
+            return True
+        self.table.answered(self)
+        if self.timeout_keep_alive_task is None:
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+        else:  # left running: its handler reckons the idle time from this answer
+            self._answered_at = self.loop.time()
+        return True
+
+    def timeout_keep_alive_handler(self) -> None:
+        idle_left = self._answered_at + self.timeout_keep_alive - self.loop.time()
+        if idle_left > 0:
+            self.timeout_keep_alive_task = self.loop.call_later(idle_left, self.timeout_keep_alive_handler)
+            return
+        super().timeout_keep_alive_handler()
 
     def _release_direct(self) -> None:
         """A request the direct lane took whose body will not come in (the client left or stalled): start it

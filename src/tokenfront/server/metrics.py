@@ -3,10 +3,15 @@
 With several processes serving one port (`tokenfront render --workers N`), each process counts in files
 under PROMETHEUS_MULTIPROC_DIR (prometheus-client's multiprocess mode, set up by `server.process` before the
 processes start), and `GET /metrics`, whichever process answers it, sums them all.
+
+Counters bumped on the event loop are added up there and handed to prometheus-client once per turn of the loop
+(`ServerMetrics.flush`, which `GET /metrics` also calls first): a lock and a multiprocess file write per turn
+rather than per count, the same totals by the time any other request is answered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -57,6 +62,26 @@ class ServerMetrics:
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self._direct: dict[str, tuple[Counter, Histogram, Counter]] = {}
         self._rendered: dict[str, tuple[Counter, Counter]] = {}
+        self._pending: dict[Counter, float] = {}  # counts of this turn of the loop, not yet handed on
+
+    def flush(self) -> None:
+        """Hand the counts made on the event loop so far to their counters."""
+        pending, self._pending = self._pending, {}
+        for child, amount in pending.items():
+            child.inc(amount)
+
+    def _count(self, child: Counter, amount: float = 1) -> None:
+        """Add `amount` to a counter's child: at the end of this turn of the event loop when on it (once for
+        all the counts of the turn), at once otherwise (a render thread)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            child.inc(amount)
+            return
+        pending = self._pending
+        if not pending:
+            loop.call_soon(self.flush)
+        pending[child] = pending.get(child, 0) + amount
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request."""
@@ -77,9 +102,9 @@ class ServerMetrics:
                 self.direct_answers.labels(route),
             )
             self._direct[route] = children
-        children[0].inc()
         children[1].observe(seconds)
-        children[2].inc()
+        self._count(children[0])
+        self._count(children[2])
 
     def count_rendered(self, kind: str, prompts: int, tokens: int) -> None:
         """Count rendered prompts and their tokens."""
@@ -87,8 +112,8 @@ class ServerMetrics:
         if children is None:
             children = (self.rendered_prompts.labels(kind), self.rendered_tokens.labels(kind))
             self._rendered[kind] = children
-        children[0].inc(prompts)
-        children[1].inc(tokens)
+        self._count(children[0], prompts)
+        self._count(children[1], tokens)
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
