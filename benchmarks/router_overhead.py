@@ -13,6 +13,8 @@ the paired differences (each routed request against the direct one sent next to 
 router's own CPU time per routed request: utime + stime from /proc/PID/stat (its child processes included)
 around each phase, and the same less what its background loops (health checks, KV-event polls) spend, as
 measured in an idle window after the phases (the kernel counts CPU time in 10 ms ticks: a rough correction).
+The phases start once the router has logged that its tokenizer backend is built (it builds it a moment after
+it serves) and its CPU use has fallen idle.
 
     python -m benchmarks.router_overhead [--checkpoint smollm2|tiny-random] [--requests 200] [--warmup 20]
                                          [--py-spy OUT] [--json] [-- extra router arguments...]
@@ -193,6 +195,9 @@ def _summary(phase: Phase, idle_rate: float) -> dict[str, Any]:
     }
 
 
+BUILD_DEADLINE_SECONDS = 30.0
+
+
 def _start(args: list[str], log_dir: Path, name: str) -> Server:
     server = launch_tokenfront(args, log_dir=log_dir, name=name)
     try:
@@ -214,6 +219,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         command = ["route", "--model", str(folder), "--worker", worker.url, *args.router_args]
         router = _start(command, log_dir, "router")
         started.append(router)
+        # Its fast tokenizer backend is built a moment after it serves (router/app.py): measured after that.
+        # (A router older than that log line built it before serving: the wait then ends at its deadline.)
+        built = router.wait_for_log("tokenizer backend", BUILD_DEADLINE_SECONDS)
+        router.wait_settled()
         profiler = _start_profiler(router, args.py_spy) if args.py_spy else None
         phases = []
         try:
@@ -231,6 +240,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "checkpoint": name,
             "requests": args.requests,
             "router_idle_cpu_ms_per_s": 1000 * idle_rate,
+            "backend_built_before_measuring": built,
             "results": results,
         }
     finally:
@@ -240,7 +250,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _print_report(report: dict[str, Any]) -> None:
     print(
         f"router overhead: {report['checkpoint']} worker, {report['requests']} requests per path and mode, one "
-        f"at a time, max_tokens 1; router idle CPU {report['router_idle_cpu_ms_per_s']:.1f} ms/s"
+        f"at a time, max_tokens 1; router idle CPU {report['router_idle_cpu_ms_per_s']:.1f} ms/s; its tokenizer "
+        f"backend built before measuring: {'yes' if report['backend_built_before_measuring'] else 'not logged'}"
     )
     print(
         f"{'mode':7} {'path':7} {'p50 ms':>7} {'p90 ms':>7} {'mean ms':>7}  {'added p50':>9} {'paired':>6}  "

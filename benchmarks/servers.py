@@ -118,6 +118,15 @@ class Server:
                 return True
         return False
 
+    def wait_for_log(self, text: str, timeout: float, *, interval: float = 0.1) -> bool:
+        """Wait until the server's log holds `text`; False after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log_path.read_text(errors="replace"):
+                return True
+            time.sleep(interval)
+        return False
+
     def stop(self) -> int:
         """SIGTERM (a graceful shutdown), then SIGKILL if it has not exited in 30 s; returns the exit code."""
         if self.process.poll() is None:

@@ -261,13 +261,11 @@ def test_split_bodies_pipelining_and_keep_alive(renderers: tuple[Any, Any]) -> N
     assert "Traceback" not in lane.log() and "Traceback" not in usual.log()
 
 
-def test_keep_alive_is_reckoned_from_the_last_answer(
-    qwen3: Path, tmp_path: Path, launch: Callable[..., Any]
-) -> None:
+def test_keep_alive_is_reckoned_from_the_last_answer(qwen3: Path, server_factory: Callable[..., Any]) -> None:
     """Answers read whole leave the keep-alive timer running: when it goes off it must count the idle time from
     the last answer, not close a connection that was busy meanwhile. Timed on purpose (the keep-alive timeout is
     what is tested): requests 1.2 s apart on a 2 s timeout, 2.4 s in all, then the close once idle."""
-    server = launch(["render", "--model", str(qwen3), "--keep-alive-timeout", "2"], log_dir=tmp_path)
+    server = server_factory("render", "--model", str(qwen3), "--keep-alive-timeout", "2")
     request = _request(CHAT, CHAT_BODY)
     port = int(server.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=_DEADLINE) as sock:

@@ -328,7 +328,9 @@ class RenderPipeline:
         return template
 
     def _template_kwargs(self, request: ChatCompletionRequest) -> dict[str, Any]:
-        given = request.chat_template_kwargs or {}
+        given = request.chat_template_kwargs
+        if not given:  # most requests
+            return dict(self.options.default_chat_template_kwargs)
         reserved = sorted(_RESERVED_TEMPLATE_VARIABLES & set(given))
         if reserved:
             raise RenderError(

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
@@ -238,6 +239,7 @@ class DeferredBackend:
     def _build(
         self, tokenizer: Any, choice: BackendChoice, incremental_encoding: bool, *, low_priority: bool = True
     ) -> None:
+        started = time.monotonic()
         try:
             backend = _built_backend(tokenizer, choice, incremental_encoding, low_priority=low_priority)
         except Exception as exc:  # keep serving with the reference: slower, the same ids
@@ -246,6 +248,12 @@ class DeferredBackend:
         else:
             self._current = backend
             self.name = backend.name
+            if self._thread is not None:  # a server's: say when the faster backend took over
+                log.info(
+                    "tokenizer backend %s built in %.1f s: it encodes from now",
+                    backend.name,
+                    time.monotonic() - started,
+                )
         finally:
             self._ready.set()
 

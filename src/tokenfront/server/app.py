@@ -155,6 +155,9 @@ def create_app(
     app.state.metrics = metrics
     app.state.role = role
     app.state.started = time.time()
+    # A router that serves several models sets its own (`renderer.routes.pipeline_for`): set here, looking it
+    # up costs no AttributeError on the render path.
+    app.state.choose_pipeline = None
     app.max_body_bytes = max_body_bytes
     app.request_limits = request_limits
     install_error_handlers(app)
