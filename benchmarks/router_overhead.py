@@ -17,12 +17,15 @@ The phases start once the router has logged that its tokenizer backend is built 
 it serves) and its CPU use has fallen idle.
 
     python -m benchmarks.router_overhead [--checkpoint smollm2|tiny-random] [--requests 200] [--warmup 20]
-                                         [--py-spy OUT] [--json] [-- extra router arguments...]
+                                         [--router-tree DIR] [--worker-tree DIR] [--py-spy OUT] [--json]
+                                         [-- extra router arguments...]
 
 `tiny-random` (a 2-layer random Llama) makes the worker's own time small, so the router's share shows best.
 Routed requests carry the router's ids, so the worker skips rendering them: the added time is what a client
 sees. `--py-spy OUT` records the router with py-spy during the measured phases (`pip install py-spy`; raw
-collapsed stacks). Everything started is stopped by its own pid at the end.
+collapsed stacks). `--router-tree DIR` / `--worker-tree DIR` start that process from another checkout's
+`DIR/src` (`git worktree add --detach DIR COMMIT`), the other from this one: a before/after of either side.
+Everything started is stopped by its own pid at the end.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import signal
 import socket
 import statistics
@@ -198,8 +202,12 @@ def _summary(phase: Phase, idle_rate: float) -> dict[str, Any]:
 BUILD_DEADLINE_SECONDS = 30.0
 
 
-def _start(args: list[str], log_dir: Path, name: str) -> Server:
-    server = launch_tokenfront(args, log_dir=log_dir, name=name)
+def _start(args: list[str], log_dir: Path, name: str, tree: str | None = None) -> Server:
+    """`tokenfront ARGS`, healthy; `tree`: from that checkout's `src` (another commit's code) instead."""
+    env = None
+    if tree is not None:
+        env = {**os.environ, "PYTHONPATH": str(Path(tree) / "src")}
+    server = launch_tokenfront(args, log_dir=log_dir, name=name, env=env)
     try:
         wait_healthy([server])
     except BaseException:
@@ -214,10 +222,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = Path(tempfile.mkdtemp(prefix="tokenfront-router-overhead-"))
     started: list[Server] = []
     try:
-        worker = _start(["serve", "--model", str(folder)], log_dir, "worker")
+        worker = _start(["serve", "--model", str(folder)], log_dir, "worker", args.worker_tree)
         started.append(worker)
         command = ["route", "--model", str(folder), "--worker", worker.url, *args.router_args]
-        router = _start(command, log_dir, "router")
+        router = _start(command, log_dir, "router", args.router_tree)
         started.append(router)
         # Its fast tokenizer backend is built a moment after it serves (router/app.py): measured after that.
         # (A router older than that log line built it before serving: the wait then ends at its deadline.)
@@ -282,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="idle window for the router's CPU")
     parser.add_argument("--py-spy", metavar="OUT", help="record the router with py-spy into OUT (raw stacks)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--router-tree", metavar="DIR", help="start the router from DIR/src (another checkout)"
+    )
+    parser.add_argument(
+        "--worker-tree", metavar="DIR", help="start the worker from DIR/src (another checkout)"
+    )
     parser.add_argument("router_args", nargs="*", help="extra `tokenfront route` arguments (after --)")
     args = parser.parse_args(argv)
     report = run(args)
