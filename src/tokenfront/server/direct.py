@@ -61,8 +61,9 @@ _TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]++"
 _VALUE = rb"[\t\x20-\x7e\x80-\xff]*+"
 _WHOLE_HEAD = re.compile(rb"POST (/[!-~]*+) HTTP/1\.1\r\n((?:" + _TOKEN + b":" + _VALUE + rb"\r\n)*+)\r\n")
 _HEADER_LINE = re.compile(b"(" + _TOKEN + rb"):[ \t]*+(" + _VALUE + rb")\r\n")
-# Headers that send a request to the parser: the body comes otherwise, or the client asks for more than an answer.
-_NOT_WHOLE = frozenset((b"transfer-encoding", b"expect", b"upgrade"))
+# Headers that send a request to the parser: the client asks for more than an answer (a Transfer-Encoding is
+# `_content_length`'s to refuse).
+_NOT_WHOLE = frozenset((b"expect", b"upgrade"))
 
 
 class DirectLane:
@@ -132,14 +133,13 @@ class DirectLane:
         headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(lines)]
         if len(headers) > max_headers:
             return None
-        length = content_type = request_id = None
+        length = _content_length(
+            headers
+        )  # None with a Transfer-Encoding, or not one Content-Length of digits
+        content_type = request_id = None
         keep_alive = True
         for name, value in headers:
-            if name == b"content-length":
-                if length is not None or not value.isdigit():
-                    return None
-                length = int(value)
-            elif name == b"content-type":
+            if name == b"content-type":
                 content_type = value
             elif name == _REQUEST_ID:
                 request_id = value
@@ -152,7 +152,7 @@ class DirectLane:
             elif name in _NOT_WHOLE:
                 return None
         body = data[match.end() :]
-        if length != len(body) or not 0 < length <= self.max_body:
+        if length is None or length != len(body) or not 0 < length <= self.max_body:
             return None
         answer = self._respond(path, headers, body, content_type, request_id, keep_alive, default_headers)
         return None if answer is None else (answer, keep_alive)

@@ -96,11 +96,6 @@ class ConnectionTable:
         if first:
             self._waiting.move_to_end(connection, last=False)
 
-    def answered(self, connection: BoundedHttpProtocol) -> None:
-        """`connection` has just been answered, and waits again: the last the cap reclaims."""
-        self._waiting.pop(connection, None)
-        self._waiting[connection] = None
-
     def busy(self, connection: BoundedHttpProtocol) -> None:
         """`connection` has a request in progress, or is gone: not to be reclaimed."""
         self._waiting.pop(connection, None)
@@ -371,7 +366,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if not keep_alive:
             self.transport.close()
             return True
-        self.table.answered(self)
+        self.table.busy(self)  # answered: waiting again, the last the cap reclaims
+        self.table.waiting(self)
         if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler

@@ -4,9 +4,11 @@ With several processes serving one port (`tokenfront render --workers N`), each 
 under PROMETHEUS_MULTIPROC_DIR (prometheus-client's multiprocess mode, set up by `server.process` before the
 processes start), and `GET /metrics`, whichever process answers it, sums them all.
 
-Counters bumped on the event loop are added up there and handed to prometheus-client once per turn of the loop
+The counts of the render hot path (`observe_direct`'s request and direct-answer counters, `count_rendered`),
+made on the event loop, are added up there and handed to prometheus-client once per turn of the loop
 (`ServerMetrics.flush`, which `GET /metrics` also calls first): a lock and a multiprocess file write per turn
-rather than per count, the same totals by the time any other request is answered.
+rather than per count, the same totals by the time any other request is answered. `observe` (every other
+request) counts at once.
 """
 
 from __future__ import annotations
