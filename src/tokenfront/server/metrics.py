@@ -7,14 +7,17 @@ processes start), and `GET /metrics`, whichever process answers it, sums them al
 The counts of the render hot path (`observe_direct`'s request and direct-answer counters, `count_rendered`),
 made on the event loop, are added up there and handed to prometheus-client once per turn of the loop
 (`ServerMetrics.flush`, which `GET /metrics` also calls first): a lock and a multiprocess file write per turn
-rather than per count, the same totals by the time any other request is answered. `observe` (every other
-request) counts at once.
+rather than per count, the same totals by the time any other request is answered. Whether a count is made on
+the loop is asked of asyncio once per turn, not per count: on Python 3.11 `asyncio.get_running_loop()` is a
+`getpid()` system call (it checks for a fork), four of them a request. `observe` (every other request) counts
+at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -65,9 +68,11 @@ class ServerMetrics:
         self._direct: dict[str, tuple[Counter, Histogram, Counter]] = {}
         self._rendered: dict[str, tuple[Counter, Counter]] = {}
         self._pending: dict[Counter, float] = {}  # counts of this turn of the loop, not yet handed on
+        self._flushing_thread: int | None = None  # the thread whose loop flushes `_pending` at its turn's end
 
     def flush(self) -> None:
         """Hand the counts made on the event loop so far to their counters."""
+        self._flushing_thread = None
         pending, self._pending = self._pending, {}
         for child, amount in pending.items():
             child.inc(amount)
@@ -75,14 +80,16 @@ class ServerMetrics:
     def _count(self, child: Counter, amount: float = 1) -> None:
         """Add `amount` to a counter's child: at the end of this turn of the event loop when on it (once for
         all the counts of the turn), at once otherwise (a render thread)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            child.inc(amount)
-            return
-        pending = self._pending
-        if not pending:
+        thread = threading.get_ident()
+        if thread != self._flushing_thread:  # the turn's first count, or not on the loop
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                child.inc(amount)
+                return
             loop.call_soon(self.flush)
+            self._flushing_thread = thread
+        pending = self._pending
         pending[child] = pending.get(child, 0) + amount
 
     def observe(self, route: str, status: int, seconds: float) -> None:
