@@ -55,10 +55,10 @@ def test_server_info_names_paths_only_with_show_paths(
         hidden, shown = bodies[(role, False)], bodies[(role, True)]
         assert str(folder) not in hidden and str(folder.parent) not in hidden, hidden
         info = json.loads(shown)["render_fingerprint"]["info"]
-        assert {key: info[key] for key in PATH_INFO_KEYS} == {
+        assert {key: info.get(key) for key in PATH_INFO_KEYS} == {
             "model_path": str(folder),
             "tokenizer_path": str(folder),
-        }
+        }, f"{role} with --show-paths: {shown}"
         without, with_paths = json.loads(hidden), json.loads(shown)
         assert role == without["role"] == with_paths["role"] and set(without) == set(with_paths)
         hidden_fingerprint, shown_fingerprint = (
