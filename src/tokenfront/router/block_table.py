@@ -113,6 +113,19 @@ class _Slots:
             slot = (slot + 1) & mask
         return -1
 
+    def find_few(self, keys: np.ndarray, row_keys: np.ndarray) -> list[int]:
+        """``find`` for a few keys: their home slots in one numpy pass, the probing in Python (a numpy round
+        per probe costs more than it saves on a prompt's few new blocks)."""
+        slot_rows, mask = self.rows, self.mask
+        found = []
+        for key, slot in zip(keys.tolist(), self.home(keys).tolist(), strict=True):
+            while (value := slot_rows.item(slot)) != _EMPTY:
+                if value > 0 and row_keys.item(value - 1) == key:
+                    break
+                slot = (slot + 1) & mask
+            found.append(value - 1)  # a hit's row; an empty slot (0) ends the search: -1
+        return found
+
     def find(self, keys: np.ndarray, row_keys: np.ndarray) -> np.ndarray:
         """The row of each key here (int64), -1 for a key not here."""
         slots = self.home(keys)
@@ -147,13 +160,14 @@ class _Slots:
         slot_rows, mask = self.rows, self.mask
         targets = self.home(keys)
         if len(keys) <= _SCALAR_BATCH:  # a few keys: one after the other, each taking its first free slot
-            placed = []
+            placed, emptied = [], 0
             for slot, row in zip(targets.tolist(), rows.tolist(), strict=True):
                 while (value := slot_rows.item(slot)) > 0:
                     slot = (slot + 1) & mask
-                self.used += value == _EMPTY
+                emptied += value == _EMPTY
                 slot_rows[slot] = row + 1
                 placed.append(slot)
+            self.used += emptied
             return np.array(placed, np.int64)
         # Each key's first free slot as if it were alone...
         pending = np.arange(len(keys))
@@ -260,16 +274,22 @@ class BlockTable:
         after the runs are probed in the slots."""
         rows = np.full(len(keys), -1, np.int64)
         start = self._read_runs(keys, rows)
-        if len(keys) - start <= _SCALAR_BATCH:  # a few left (a prompt's new blocks): one at a time, in Python
-            for position, key in enumerate(keys[start:].tolist(), start):
-                rows[position] = self._find_one(key)
-        else:
-            found = self._slots.find(keys[start:], self._row_keys)
+        rest = keys[start:]
+        if len(rest) > _SCALAR_BATCH:
+            found = self._slots.find(rest, self._row_keys)
             if self._old is not None:
                 missing = np.flatnonzero(found < 0)
                 if len(missing):
-                    found[missing] = self._old.find(keys[start:][missing], self._row_keys)
+                    found[missing] = self._old.find(rest[missing], self._row_keys)
             rows[start:] = found
+        elif len(rest):  # a few left (a prompt's new blocks): probed in Python
+            found_few = self._slots.find_few(rest, self._row_keys)
+            if self._old is not None:
+                found_few = [
+                    row if row >= 0 else self._old.find_one(key, self._row_keys)
+                    for row, key in zip(found_few, rest.tolist(), strict=True)
+                ]
+            rows[start:] = found_few
         if self._old is not None:
             self._move_some(0)  # lookups move old slots too, so a table that stops changing still finishes
         return rows
@@ -325,14 +345,15 @@ class BlockTable:
         return row
 
     def _read_runs(self, keys: np.ndarray, rows: np.ndarray) -> int:
-        """Fill ``rows`` for the leading runs of ``keys`` held in consecutive rows; where the runs end."""
+        """Fill ``rows`` for the leading runs of ``keys`` held in consecutive rows; where the runs end (past
+        the key that ended them when it is not held at all: a prompt's new block, probed once)."""
         start, row_keys, row_slot = 0, self._row_keys, self._row_slot
         for _ in range(_MAX_RUNS):
             if start == len(keys):
                 break
             first = self._find_one(int(keys[start]))
             if first < 0:
-                break
+                return start + 1  # that key is not held: its row stays -1
             end = first + min(len(keys) - start, self._next_row - first)
             # The rows after `first` holding the next keys, live (a free row's slot is -1): a run of the chain.
             same = row_keys[first:end] == keys[start : start + end - first]
@@ -382,7 +403,11 @@ class BlockTable:
         fresh = count - reused
         if self._next_row + fresh > self._row_capacity:
             self._grow_rows(self._next_row + fresh)
-        rows = np.concatenate([taken, np.arange(self._next_row, self._next_row + fresh, dtype=np.int64)])
+        if fresh:
+            rows = np.arange(self._next_row, self._next_row + fresh, dtype=np.int64)
+            rows = np.concatenate([taken, rows]) if reused else rows
+        else:
+            rows = taken
         self._next_row += fresh
         return rows
 

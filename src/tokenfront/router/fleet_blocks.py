@@ -507,7 +507,7 @@ class FleetBlocks:
         columns = self._table.columns
         holder_column, flags_column = columns["holder"], columns["flags"]
         # Blocks learning their parent now (`has_parent` and no parent yet: a > on booleans and 0 / 1).
-        gets_parent = np.flatnonzero(has_parent > (flags_column[rows] & _HAS_PARENT))
+        gets_parent = (has_parent > (flags_column[rows] & _HAS_PARENT)).nonzero()[0]
         if len(gets_parent):
             parent_rows = rows[gets_parent]
             columns["parent"][parent_rows] = parents[gets_parent]
@@ -525,6 +525,28 @@ class FleetBlocks:
             # written (see block_table), and better here than in a routing decision's first guess there.
             columns["routed_at"][new_rows] = now
         state.blocks += len(new_rows)
+        # Rows other workers hold too: a routed prompt's new tail has none (one check, not a few numpy passes).
+        joined = [] if own.all() else self._hold_with_others(state, rows, holders, location_bits, now)
+        columns["tick"][rows] = self._tick + recency
+        self._tick += len(keys)
+        state.members.extend(new_rows)
+        if joined:
+            state.members.extend(np.array(joined, np.int32))
+        if state.blocks > self.max_blocks_per_worker:
+            self._evict(state)
+        elif state.members.size > 2 * state.blocks + 1024:
+            self._valid_members(state)
+
+    def _hold_with_others(
+        self,
+        state: WorkerBlocks,
+        rows: np.ndarray,
+        holders: np.ndarray,
+        location_bits: np.ndarray | None,
+        now: float,
+    ) -> list[int]:
+        """``_hold``'s part for the ``rows`` other workers hold (shared ones, and ones another worker held
+        alone until now, which become shared): the rows ``state`` joins."""
         joined = []
         bit, shared_rows = 1 << state.slot, self._shared
         shared_positions = np.flatnonzero(holders == _SHARED)
@@ -551,15 +573,7 @@ class FleetBlocks:
             location_bit = 0 if location_bits is None else int(location_bits[position])
             if self._hold_shared(int(rows[position]), state, now, location_bit):
                 joined.append(int(rows[position]))
-        columns["tick"][rows] = self._tick + recency
-        self._tick += len(keys)
-        state.members.extend(new_rows)
-        if joined:
-            state.members.extend(np.array(joined, np.int32))
-        if state.blocks > self.max_blocks_per_worker:
-            self._evict(state)
-        elif state.members.size > 2 * state.blocks + 1024:
-            self._valid_members(state)
+        return joined
 
     def _hold_shared(self, row: int, state: WorkerBlocks, now: float, location_bit: int) -> bool:
         """``state`` holds a row another worker holds too; True when it did not hold it before."""

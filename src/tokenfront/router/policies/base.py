@@ -148,11 +148,11 @@ class Policy(abc.ABC):
         return {}
 
 
-def explain_rows(urls: Sequence[str], **columns: np.ndarray) -> dict[str, dict[str, Any]]:
-    """A decision's per-worker rows for ``explain``: each worker's value of every column (arrays in candidate
-    order, kept as arrays until ``explain`` asks)."""
+def explain_rows(urls: Sequence[str], **columns: np.ndarray | Sequence[float]) -> dict[str, dict[str, Any]]:
+    """A decision's per-worker rows for ``explain``: each worker's value of every column (arrays or lists in
+    candidate order, kept as they are until ``explain`` asks)."""
     names = list(columns)
-    values = [column.tolist() for column in columns.values()]
+    values = [column.tolist() if hasattr(column, "tolist") else list(column) for column in columns.values()]
     return {url: dict(zip(names, row, strict=True)) for url, *row in zip(urls, *values, strict=True)}
 
 
@@ -175,7 +175,11 @@ class FairChooser:
         """Pick from ``tied`` (non-empty, in candidate order) and remember the choice."""
         with self._lock:
             # min() keeps the first of equals, so never-chosen workers go in candidate order.
-            chosen = min(tied, key=lambda worker: self._last_chosen.get(worker.url, 0))
+            chosen = (
+                tied[0]
+                if len(tied) == 1
+                else min(tied, key=lambda worker: self._last_chosen.get(worker.url, 0))
+            )
             self._last_chosen[chosen.url] = next(self._clock)
             # Pruning keeps the candidates, so with more of them than that it waits for twice their number.
             if len(self._last_chosen) > max(self.MAX_REMEMBERED, 2 * len(candidates)):

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -50,13 +50,20 @@ from tokenfront.router.policies.base import (
     WorkerLoad,
     explain_rows,
 )
-from tokenfront.router.policies.prefix_match import PrefixMatch, match_prefix, record_routed
+from tokenfront.router.policies.prefix_match import (
+    SCALAR_CANDIDATES,
+    PrefixMatch,
+    match_prefix,
+    record_routed,
+)
 
 __all__ = ["KvCacheAwarePolicy"]
 
 # Scores are sums of fractions and float weights: equal within this counts as a tie.
 _TIE_EPSILON = 1e-9
 _active_requests = attrgetter("active_requests")
+# A per-candidate column: an array, or one candidate's number (``SCALAR_CANDIDATES``).
+_Column = TypeVar("_Column", float, np.ndarray)
 
 
 @dataclass(frozen=True)
@@ -71,8 +78,8 @@ class _Decision:
     urls: list[str]
     matched: np.ndarray
     sizes: np.ndarray
-    active: np.ndarray
-    scores: np.ndarray
+    active: list[int] | np.ndarray  # lists up to SCALAR_CANDIDATES candidates
+    scores: list[float] | np.ndarray
 
 
 class KvCacheAwarePolicy(Policy):
@@ -119,14 +126,27 @@ class KvCacheAwarePolicy(Policy):
         match = match_prefix(
             self.kv_index, candidates, request, self.default_tokens_per_block, previous=self._match
         )
-        cached_tokens = match.cached_tokens
-        best_share = match.best_share
         affinity = match.has_affinity(self.cache_threshold)
         # Matched blocks are counted in blocks of the smallest size, so a cached token weighs the same anywhere.
-        cached = cached_tokens / match.smallest_block if affinity else np.zeros(len(candidates))
-        active = np.fromiter(map(_active_requests, candidates), np.float64, len(candidates))
-        scores = cached - self.load_weight * active
-        tied_positions = np.flatnonzero(scores >= scores.max() - _TIE_EPSILON).tolist()
+        unit = match.smallest_block
+        active: list[int] | np.ndarray
+        scores: list[float] | np.ndarray
+        if len(candidates) <= SCALAR_CANDIDATES:  # the same scores on Python numbers (prefix_match docstring)
+            active = list(map(_active_requests, candidates))
+            cached = (
+                [tokens / unit for tokens in match.cached_tokens.tolist()]
+                if affinity
+                else [0.0] * len(active)
+            )
+            scores = [self._score(blocks, requests) for blocks, requests in zip(cached, active, strict=True)]
+            best = max(scores)
+            tied_positions = [i for i, score in enumerate(scores) if score >= best - _TIE_EPSILON]
+        else:
+            active = np.fromiter(map(_active_requests, candidates), np.float64, len(candidates))
+            scores = self._score(
+                match.cached_tokens / unit if affinity else np.zeros(len(candidates)), active
+            )
+            tied_positions = (scores >= scores.max() - _TIE_EPSILON).nonzero()[0].tolist()
         tied = [candidates[i] for i in tied_positions]
         chosen = self._chooser.choose(tied, candidates)
         self._match = match
@@ -134,7 +154,7 @@ class KvCacheAwarePolicy(Policy):
             chosen=chosen.url,
             tied=[worker.url for worker in tied],
             prompt_tokens=len(request.token_ids) if request.token_ids is not None else None,
-            best_share=best_share,
+            best_share=match.best_share,
             affinity=affinity,
             urls=match.urls,
             matched=match.matched,
@@ -143,7 +163,11 @@ class KvCacheAwarePolicy(Policy):
             scores=scores,
         )
         position = tied_positions[next(i for i, worker in enumerate(tied) if worker is chosen)]
-        return Routing(chosen, int(cached_tokens[position]))
+        return Routing(chosen, match.cached_tokens.item(position))
+
+    def _score(self, cached_blocks: _Column, active_requests: _Column) -> _Column:
+        """The score of each candidate (arrays) or of one (numbers): one formula for both."""
+        return cached_blocks - self.load_weight * active_requests  # type: ignore[operator, return-value]
 
     def on_routed(self, worker: WorkerLoad, request: RouteRequest) -> None:
         """Credit the worker with the request's blocks until its own events say otherwise."""
@@ -166,7 +190,7 @@ class KvCacheAwarePolicy(Policy):
                 last.urls,
                 matched_blocks=last.matched,
                 tokens_per_block=last.sizes,
-                active_requests=last.active.astype(np.int64),
+                active_requests=np.asarray(last.active).astype(np.int64),
                 score=last.scores,
             ),
         }

@@ -87,7 +87,7 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -102,7 +102,12 @@ from tokenfront.router.policies.base import (
     WorkerLoad,
     explain_rows,
 )
-from tokenfront.router.policies.prefix_match import PrefixMatch, match_prefix, record_routed
+from tokenfront.router.policies.prefix_match import (
+    SCALAR_CANDIDATES,
+    PrefixMatch,
+    match_prefix,
+    record_routed,
+)
 from tokenfront.router.policies.worker_columns import WorkerColumns
 
 __all__ = ["PredictedTtftConfig", "PredictedTtftPolicy"]
@@ -111,6 +116,8 @@ __all__ = ["PredictedTtftConfig", "PredictedTtftPolicy"]
 _TIE_EPSILON = 1e-12
 _url = attrgetter("url")
 _active_requests = attrgetter("active_requests")
+# A per-candidate column: an array, or one candidate's number (``SCALAR_CANDIDATES``).
+_Column = TypeVar("_Column", float, np.ndarray)
 # The per-worker totals (``WorkerColumns``): tokens still to prefill, and the prompts' tokens in flight or
 # lingering (the occupancy).
 _PENDING, _OCCUPANCY = "pending", "occupancy"
@@ -181,9 +188,9 @@ class _Decision:
     prompt_tokens: int
     urls: list[str]
     cached: np.ndarray
-    queue: np.ndarray
-    active: np.ndarray
-    costs: np.ndarray
+    queue: list[float] | np.ndarray  # lists up to SCALAR_CANDIDATES candidates
+    active: list[int] | np.ndarray
+    costs: list[float] | np.ndarray
 
 
 class PredictedTtftPolicy(Policy):
@@ -241,31 +248,56 @@ class PredictedTtftPolicy(Policy):
         match = match_prefix(
             self.kv_index, candidates, request, self.default_tokens_per_block, previous=self._match
         )
-        rate = config.prefill_tokens_per_second
         prompt_tokens = match.prompt_tokens
-        active = np.fromiter(map(_active_requests, candidates), np.float64, len(candidates))
+        scalar = (
+            len(candidates) <= SCALAR_CANDIDATES
+        )  # the same costs on Python numbers (prefix_match docstring)
+        active: list[int] | np.ndarray
+        queue: list[float] | np.ndarray
+        costs: list[float] | np.ndarray
         with self._lock:
             if self._expiry:
                 self._expire(self.kv_index.now())
-            pending, occupied = self._totals.read(match.urls).T
+            totals = self._totals.read(match.urls).T
+            pending, occupied = totals.tolist() if scalar else totals
             continued = self._continued(match, occupied)
-            queue = (pending + config.occupancy_weight * occupied) / rate
             affinity = match.has_affinity(config.affinity_threshold)
             # Below the threshold only what one worker alone holds is this conversation's own: that is credited.
-            credited = match.cached_tokens if affinity else match.private_tokens()
-            prefill = (prompt_tokens - config.overlap_credit * credited) / rate
-            costs = queue + prefill + config.decode_seconds_per_request * active
+            if scalar:
+                active = list(map(_active_requests, candidates))
+                if affinity:
+                    credited = match.cached_tokens.tolist()
+                else:
+                    credited = [0] * len(candidates)
+                    lead = match.private_lead()
+                    if lead is not None:
+                        credited[lead[0]] = lead[1]
+                queue = [self._queue(*worker) for worker in zip(pending, occupied, strict=True)]
+                costs = [
+                    self._cost(*worker, prompt_tokens) for worker in zip(queue, credited, active, strict=True)
+                ]
+            else:
+                active = np.fromiter(map(_active_requests, candidates), np.float64, len(candidates))
+                queue_column = self._queue(pending, occupied)
+                credited_tokens = match.cached_tokens if affinity else match.private_tokens()
+                queue, costs = queue_column, self._cost(queue_column, credited_tokens, active, prompt_tokens)
             if config.temperature > 0:
-                logits = -(costs - costs.min()) / config.temperature
+                cost_array = np.asarray(costs)
+                logits = -(cost_array - cost_array.min()) / config.temperature
                 weights = np.exp(logits)
                 position = int(self._rng.choice(len(candidates), p=weights / weights.sum()))
                 chosen, tied = candidates[position], [candidates[position]]
             else:
-                tied_positions = np.flatnonzero(costs <= costs.min() + _TIE_EPSILON).tolist()
+                if scalar:
+                    lowest = min(costs)
+                    tied_positions = [i for i, cost in enumerate(costs) if cost <= lowest + _TIE_EPSILON]
+                else:
+                    assert isinstance(costs, np.ndarray)
+                    tied_positions = (costs <= costs.min() + _TIE_EPSILON).nonzero()[0].tolist()
                 tied = [candidates[i] for i in tied_positions]
                 chosen = self._chooser.choose(tied, candidates)
                 position = tied_positions[next(i for i, worker in enumerate(tied) if worker is chosen)]
-            cached = int(match.cached_tokens[position])
+            cached = match.cached_tokens.item(position)
             self._match = match
             self._chosen = (request, chosen.url, max(prompt_tokens - cached, 0), continued)
             self._last = _Decision(
@@ -279,6 +311,18 @@ class PredictedTtftPolicy(Policy):
                 costs=costs,
             )
         return Routing(chosen, cached)
+
+    def _queue(self, pending: _Column, occupied: _Column) -> _Column:
+        """The predicted queue in seconds of each candidate (arrays) or of one (numbers): one formula for both."""
+        config = self.config
+        return (pending + config.occupancy_weight * occupied) / config.prefill_tokens_per_second  # type: ignore[operator, return-value]
+
+    def _cost(self, queue: _Column, credited: _Column, active: _Column, prompt_tokens: int) -> _Column:
+        """The predicted time to first token of each candidate (arrays) or of one (numbers), from its queue, its
+        credited cached tokens and its requests in flight: one formula for both."""
+        config = self.config
+        prefill = (prompt_tokens - config.overlap_credit * credited) / config.prefill_tokens_per_second
+        return queue + prefill + config.decode_seconds_per_request * active  # type: ignore[operator, return-value]
 
     def on_routed(self, worker: WorkerLoad, request: RouteRequest) -> None:
         """Queue the request's uncached tokens on the worker, credit it with the request's blocks, and end the
@@ -374,23 +418,23 @@ class PredictedTtftPolicy(Policy):
                 last.urls,
                 cached_tokens=last.cached,
                 queue_seconds=last.queue,
-                active_requests=last.active.astype(np.int64),
+                active_requests=np.asarray(last.active).astype(np.int64),
                 predicted_ttft_seconds=last.costs,
             ),
         }
 
     # --- bookkeeping (the lock is held) --------------------------------------------------------------------
 
-    def _continued(self, match: PrefixMatch, occupied: np.ndarray) -> list[int]:
+    def _continued(self, match: PrefixMatch, occupied: list[float] | np.ndarray) -> list[int]:
         """The lingering prompts this request continues (an agent's next turn extends its last prompt), found
         on the workers holding most of it: taken out of ``occupied`` there (a turn is not queued behind its
         own previous turn), their serials returned."""
-        if not self._lingering_ends or not len(match.matched):
+        if not self._lingering_ends or not match.best_cached_tokens:
             return []
         best = int(match.matched.max())
-        holders = np.flatnonzero(match.matched == best) if best else ()
+        holders = (match.matched == best).nonzero()[0][:_MAX_CONTINUED_HOLDERS].tolist()
         continued = []
-        for position in holders[:_MAX_CONTINUED_HOLDERS]:
+        for position in holders:
             ends = self._lingering_ends.get(match.urls[position])
             if not ends:
                 continue

@@ -5,6 +5,11 @@ else from its KV events, else the policy's default: vLLM's 16) and named by ``co
 (``cache_salt`` in the root). The prompt is hashed once per block size in use, and ``KvIndex`` answers every
 candidate of a size in one walk (``KvIndex.matched_blocks``), so a decision at 1,000 workers costs little
 more than at 10. The hashes are kept in the answer: ``on_routed`` records them without hashing again.
+
+A policy's per-candidate arithmetic runs on numpy columns for a fleet, but each numpy call costs about a
+microsecond whatever its length: with at most ``SCALAR_CANDIDATES`` candidates the policy applies the same
+formula (one function, written for either) to each candidate's Python numbers instead, which gives the same
+floats (IEEE doubles both ways, the same operations in the same order) and so the same choice.
 """
 
 from __future__ import annotations
@@ -19,7 +24,18 @@ from tokenfront.core.kv_blocks import block_hash_array
 from tokenfront.router.kv_index import KvIndex
 from tokenfront.router.policies.base import RouteRequest, WorkerLoad
 
-__all__ = ["PrefixMatch", "block_names", "match_prefix", "record_routed", "tokens_per_block"]
+__all__ = [
+    "SCALAR_CANDIDATES",
+    "PrefixMatch",
+    "block_names",
+    "match_prefix",
+    "record_routed",
+    "tokens_per_block",
+]
+
+# Up to this many candidates a decision's per-candidate arithmetic is done on Python numbers, not numpy arrays
+# (module docstring): measured (predicted_ttft, one-block prompts), the loop is cheaper up to about 16.
+SCALAR_CANDIDATES = 16
 
 _url = attrgetter("url")
 _tokens_per_block = attrgetter("tokens_per_block")
@@ -37,6 +53,7 @@ class PrefixMatch:
     cached_tokens: np.ndarray  # matched * sizes: prompt tokens each candidate is predicted to have cached
     smallest_block: int  # the smallest block size among the candidates
     hashes: Mapping[int, np.ndarray]  # the prompt's block names per block size ({} without ids)
+    best_cached_tokens: int  # the largest of ``cached_tokens`` (0 without candidates)
 
     @property
     def prompt_tokens(self) -> int:
@@ -47,7 +64,7 @@ class PrefixMatch:
     def best_share(self) -> float:
         """The largest share of the prompt's tokens any candidate holds (0 without ids)."""
         prompt_tokens = self.prompt_tokens
-        return float(self.cached_tokens.max()) / prompt_tokens if prompt_tokens else 0.0
+        return self.best_cached_tokens / prompt_tokens if prompt_tokens else 0.0
 
     def has_affinity(self, threshold: float) -> bool:
         """Whether some candidate holds at least ``threshold`` of the prompt (and any of it): below that a match
@@ -60,13 +77,27 @@ class PrefixMatch:
         over the second longest, for the one candidate holding it; 0 for every other (and for a tie)."""
         cached = self.cached_tokens
         private = np.zeros(len(cached), np.int64)
-        if len(cached) == 1:
-            private[:] = cached
-        elif len(cached) > 1:
-            second, best = np.partition(cached, -2)[-2:].tolist()
-            if best > second:
-                private[int(cached.argmax())] = best - second
+        lead = self.private_lead()
+        if lead is not None:
+            private[lead[0]] = lead[1]
         return private
+
+    def private_lead(self) -> tuple[int, int] | None:
+        """``private_tokens``' one non-zero entry, ``(position, tokens)``; None when there is none."""
+        cached, best = self.cached_tokens, self.best_cached_tokens
+        if not best:
+            return None
+        if len(cached) == 1:
+            return 0, best
+        if len(cached) <= SCALAR_CANDIDATES:
+            values = cached.tolist()
+            position = values.index(best)
+            values[position] = -1
+            second = max(values)
+        else:
+            position = int(cached.argmax())
+            second = int(np.partition(cached, -2)[-2])
+        return (position, best - second) if best > second else None
 
     def hashes_for(self, request: RouteRequest, size: int) -> np.ndarray:
         """The block names of ``request`` in blocks of ``size``: the kept ones when it is this match's request."""
@@ -120,15 +151,17 @@ def match_prefix(
         for size, names in hashes.items():
             of_size = np.flatnonzero(block_sizes == size)
             matched[of_size] = kv_index.matched_blocks([urls[i] for i in of_size.tolist()], names)
+    cached_tokens = matched * block_sizes
     return PrefixMatch(
         request=request,
         candidates=candidates,
         urls=urls,
-        sizes=np.broadcast_to(block_sizes, len(urls)),
+        sizes=np.full(len(urls), block_sizes, np.int64) if isinstance(block_sizes, int) else block_sizes,
         matched=matched,
-        cached_tokens=matched * block_sizes,
+        cached_tokens=cached_tokens,
         smallest_block=min(distinct_sizes),
         hashes=hashes,
+        best_cached_tokens=int(cached_tokens.max()) if len(cached_tokens) else 0,
     )
 
 
