@@ -2,16 +2,12 @@
 
 `benchmarks.render_lane` times the request path in-process, in a tight loop; over loopback the same code runs
 beside the kernel's network work and the client, and costs more. This starts `tokenfront render` on core 0
-with a clock around six steps of the request path, installed in the server process before the app is built:
+with a clock around four steps of the request path, installed in the server process before the app is built:
 
-- `data_received`: all the server's Python for a read (`BoundedHttpProtocol.data_received`: the direct lane
-  and the write of its answer to the socket);
-- `_answer_whole`: a whole request answered on the direct lane and its answer written to the socket
-  (`BoundedHttpProtocol._answer_whole`; less `answer_whole`, the write and the connection's bookkeeping);
+- `data_received`: all the server's Python for a read (`BoundedHttpProtocol.data_received`); less
+  `answer_whole`, the write of the answer to the socket and the connection's bookkeeping;
 - `answer_whole`: the whole request on the direct lane (`DirectLane.answer_whole`: the head read without the
-  parser, then the rest);
-- `respond`: all of it but reading the head (`DirectLane._respond`: the key and body checks, the request id,
-  the route's answer, the metrics, the answer's head);
+  parser, the key and body checks, the request id, the route's answer, the metrics, the answer's head);
 - `validate`: the body's validation (`ChatCompletionRequest.model_validate`);
 - `render_chat`: the render itself (`RenderPipeline.render_chat`: template, tokenizer, the prompt's record),
 
@@ -49,7 +45,7 @@ from benchmarks.servers import Server, free_port, launch, stop_all, wait_healthy
 from tokenfront import fixtures
 
 SERVER_CORE, CLIENT_CORE = "0", "1"
-STEPS = ("data_received", "_answer_whole", "answer_whole", "respond", "validate", "render_chat")
+STEPS = ("data_received", "answer_whole", "validate", "render_chat")
 ROUTE = "/v1/chat/completions/render"
 _DUMP_DEADLINE_S = 10.0
 
@@ -84,9 +80,7 @@ def _serve_timed(out: str, tokenfront_args: list[str]) -> int:
     ChatCompletionRequest.model_validate = classmethod(_timed(validate, totals["validate"]))  # type: ignore[method-assign,assignment]
     RenderPipeline.render_chat = _timed(RenderPipeline.render_chat, totals["render_chat"])  # type: ignore[method-assign]
     BoundedHttpProtocol.data_received = _timed(BoundedHttpProtocol.data_received, totals["data_received"])  # type: ignore[method-assign]
-    BoundedHttpProtocol._answer_whole = _timed(BoundedHttpProtocol._answer_whole, totals["_answer_whole"])  # type: ignore[method-assign]
     DirectLane.answer_whole = _timed(DirectLane.answer_whole, totals["answer_whole"])  # type: ignore[method-assign]
-    DirectLane._respond = _timed(DirectLane._respond, totals["respond"])  # type: ignore[method-assign]
 
     def dump(*_: Any) -> None:
         snapshot = {step: list(value) for step, value in totals.items()}
