@@ -382,7 +382,12 @@ def test_a_worker_frozen_mid_stream_ends_it_with_an_error_event_and_done(
 ) -> None:
     worker = fleet.start("serve", "--model", str(tiny_random))
     router = fleet.start(*router_command(tiny_random, [worker.url], "--idle-timeout", str(IDLE_TIMEOUT)))
-    body = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 2000, "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "max_tokens": 2000,
+        "ignore_eos": True,  # sampled at temperature 1: an early EOS would end the stream before the freeze
+        "stream": True,
+    }
     events: list[Any] = []
     frozen = False
     try:

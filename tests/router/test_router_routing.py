@@ -262,7 +262,13 @@ def _idle(client: httpx.Client) -> bool:
 def test_router_client_leaving_cancels_the_generation(
     client: httpx.Client, router: Any, workers: list[Any]
 ) -> None:
-    long_answer = {"messages": [{"role": "user", "content": words(600, 10)}], "max_tokens": 1500}
+    # The tiny random model samples at temperature 1: without ignore_eos it may draw its EOS early and answer
+    # within the client's 1 s (a fresh-clone CI saw that once); with it only max_tokens ends the ~4 s answer.
+    long_answer = {
+        "messages": [{"role": "user", "content": words(600, 10)}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+    }
     before = _aborted(workers)
     with client.stream("POST", "/v1/chat/completions", json={**long_answer, "stream": True}) as response:
         for count, _ in enumerate(response.iter_lines()):
