@@ -8,6 +8,7 @@ says which answers the lane gave: the common requests, never the errors or a req
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import time
@@ -277,3 +278,93 @@ def test_keep_alive_is_reckoned_from_the_last_answer(qwen3: Path, server_factory
         sock.settimeout(_DEADLINE)
         assert sock.recv(65536) == b""  # idle for 2 s after the last answer: closed
     assert _direct_answers(server.url) == {CHAT: 3.0}
+
+
+class _Transport(asyncio.Transport):
+    """A transport that keeps what is written, in order, and sends nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+        self.closing = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def test_keep_alive_answers_wait_for_the_end_of_the_loop_turn(qwen3: Path) -> None:
+    """In-process, on a running uvloop loop: a whole request's keep-alive answer is held until the end of the
+    loop's turn, when every connection's answer of the turn goes out; `Connection: close` is answered and closed
+    at once; a held answer goes out before its connection's next read and before a shutdown closes it, and is
+    dropped when the client is gone."""
+    import uvicorn
+    import uvloop
+    from uvicorn.server import ServerState
+
+    from tokenfront import RenderOptions, RenderPipeline
+    from tokenfront.renderer.app import create_renderer_app
+    from tokenfront.server.connection_limits import ConnectionLimits
+    from tokenfront.server.direct import DirectLane
+    from tokenfront.server.http_protocol import bounded_protocol
+    from tokenfront.server.middleware import RequestIdLayer
+
+    app = create_renderer_app(RenderPipeline.load(RenderOptions(model=str(qwen3))), api_key=KEY)
+    config = uvicorn.Config(RequestIdLayer(app), log_config=None, access_log=False, ws="none")
+    config.load()
+    create = bounded_protocol(ConnectionLimits(), DirectLane.of(app))
+    close_request = _BASE.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
+
+    def answered(transport: _Transport) -> list[bytes]:
+        return [answer.split(b"\r\n", 1)[0] for answer in transport.written]
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        state = ServerState()
+        connections = [create(config, state, {}, loop) for _ in range(4)]
+        transports = [_Transport() for _ in connections]
+        for protocol, transport in zip(connections, transports, strict=True):
+            protocol.connection_made(transport)
+        first, second, closing, leaving = connections
+        for protocol in (first, second, leaving):
+            protocol.data_received(_BASE)
+        closing.data_received(close_request)
+        assert [len(transport.written) for transport in transports] == [0, 0, 1, 0]
+        assert transports[2].closing and answered(transports[2]) == [b"HTTP/1.1 200 OK"]
+        leaving.connection_lost(None)  # gone before the turn's end: its answer is dropped
+        await asyncio.sleep(0)  # the turn ends
+        assert [answered(transport) for transport in transports] == [
+            [b"HTTP/1.1 200 OK"],
+            [b"HTTP/1.1 200 OK"],
+            [b"HTTP/1.1 200 OK"],
+            [],
+        ]
+        first.data_received(_BASE)
+        first.data_received(_BASE)  # a second read in the same turn: the held answer goes out first
+        assert answered(transports[0]) == [b"HTTP/1.1 200 OK"] * 2
+        second.data_received(_BASE)
+        second.shutdown()  # the held answer, then the close
+        assert answered(transports[1]) == [b"HTTP/1.1 200 OK"] * 2 and transports[1].closing
+        await asyncio.sleep(0)
+        assert answered(transports[0]) == [b"HTTP/1.1 200 OK"] * 3
+        assert answered(transports[1]) == [b"HTTP/1.1 200 OK"] * 2  # sent once, not again at the turn's end
+        assert all(b"x-request-id: lane-test-1\r\n" in answer for answer in transports[0].written)
+
+    uvloop.run(scenario())

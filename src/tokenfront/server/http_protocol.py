@@ -27,6 +27,10 @@ but is drained (what still arrives is dropped) for a moment before it closes, so
 rather than have it destroyed by the reset that closing a socket with unread data sends.
 
 The hot path pays a few comparisons: a request whose head and body arrive in one read arms no timer of its own.
+A keep-alive answer of the direct lane's whole-request read is held until the end of the event loop's turn
+(`HeldAnswers`): the answers of one turn go out back to back, so a client waiting on several of them is woken
+once rather than once per answer (each wake-up is a cross-core interrupt for the sending process). It is sent
+before anything else happens to its connection: a next read, a close, a shutdown, the keep-alive timeout.
 
 This subclasses uvicorn's protocol and reads its per-connection state (the cycle, the pipeline, flow control,
 the keep-alive timer), written against uvicorn 0.54: tests/robustness/test_connections.py fails if an upgrade
@@ -52,7 +56,7 @@ from tokenfront.server.connection_limits import ConnectionLimits
 from tokenfront.server.direct import DirectLane
 from tokenfront.server.errors import error_body
 
-__all__ = ["BoundedHttpProtocol", "ConnectionTable", "bounded_protocol"]
+__all__ = ["BoundedHttpProtocol", "ConnectionTable", "HeldAnswers", "bounded_protocol"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +142,25 @@ class ConnectionTable:
             self._reclaimed = self._refused = 0
 
 
+class HeldAnswers:
+    """The connections of one server process whose direct-lane answer waits for the end of the event loop's
+    turn, sent together then (one `call_soon` a turn, the first hold of the turn scheduling it)."""
+
+    def __init__(self) -> None:
+        self._held: list[BoundedHttpProtocol] = []
+
+    def hold(self, connection: BoundedHttpProtocol) -> None:
+        """`connection` holds an answer (`BoundedHttpProtocol.send_held`) to send at the end of this turn."""
+        if not self._held:
+            connection.loop.call_soon(self._send)
+        self._held.append(connection)
+
+    def _send(self) -> None:
+        held, self._held = self._held, []
+        for connection in held:
+            connection.send_held()
+
+
 def bounded_protocol(
     limits: ConnectionLimits, direct: DirectLane | None = None
 ) -> Callable[..., BoundedHttpProtocol]:
@@ -145,6 +168,7 @@ def bounded_protocol(
     process sharing one `ConnectionTable`. (Built before a pre-fork: each child gets its own copy of the
     table, empty, as the parent never serves.) `direct`: the app's direct lane (`server.direct`), if any."""
     table = ConnectionTable(limits.max_connections)
+    held = HeldAnswers()
 
     def create(
         config: Config,
@@ -153,7 +177,7 @@ def bounded_protocol(
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> BoundedHttpProtocol:
         return BoundedHttpProtocol(
-            config, server_state, app_state, _loop, limits=limits, table=table, direct=direct
+            config, server_state, app_state, _loop, limits=limits, table=table, direct=direct, held=held
         )
 
     return create
@@ -172,11 +196,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         limits: ConnectionLimits,
         table: ConnectionTable,
         direct: DirectLane | None = None,
+        held: HeldAnswers | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.limits = limits
         self.table = table
         self.direct = direct
+        self.held = HeldAnswers() if held is None else held
+        self._held_answer: bytes | None = None  # a direct-lane answer to send at the end of the loop's turn
         self._direct_cycle: RequestResponseCycle | None = None  # taken by the direct lane, its body coming
         self._max_header_bytes = limits.max_header_bytes  # read on every read: one attribute, not two
         self._max_headers = limits.max_headers
@@ -203,6 +230,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._set_deadline(self.limits.header_timeout, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._held_answer = None  # the client is gone: nothing to send it
         self._release_direct()
         self._phase = _CLOSING
         self._cancel_deadline()
@@ -210,6 +238,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._held_answer is not None:  # a read in the same turn as the answer before it: that goes first
+            self.send_held()
         if (
             self.direct is not None
             and not self._head_begun
@@ -358,14 +388,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if answered is None:
             return False
         answer, keep_alive = answered
-        self.transport.write(answer)
         self.server_state.total_requests += 1
         self._phase = _MESSAGE_READ
         if self._deadline is not None:
             self._cancel_deadline()  # the first request's head deadline
         if not keep_alive:
+            self.transport.write(answer)
             self.transport.close()
             return True
+        self._held_answer = answer
+        self.held.hold(self)
         self.table.busy(self)  # answered: waiting again, the last the cap reclaims
         self.table.waiting(self)
         if self.timeout_keep_alive_task is None:
@@ -376,7 +408,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._answered_at = self.loop.time()
         return True
 
+    def send_held(self) -> None:
+        """Write the direct-lane answer held for the end of the loop's turn (`HeldAnswers`), if still held."""
+        answer = self._held_answer
+        if answer is not None:
+            self._held_answer = None
+            if not self.transport.is_closing():  # closed by a path that had nothing to send first
+                self.transport.write(answer)
+
     def timeout_keep_alive_handler(self) -> None:
+        self.send_held()  # a timeout of 0 s fires before the turn's answers are sent
         idle_left = self._answered_at + self.timeout_keep_alive - self.loop.time()
         if idle_left > 0:
             self.timeout_keep_alive_task = self.loop.call_later(idle_left, self.timeout_keep_alive_handler)
@@ -427,6 +468,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self.table.waiting(self)
 
     def shutdown(self) -> None:
+        self.send_held()
         if self._phase == _CLOSING and self._pending_refusal is None:  # a refusal draining: done with
             self.transport.close()
             return
@@ -574,6 +616,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self.table.release()
 
     def _close_now(self) -> None:
+        self.send_held()
         self._phase = _CLOSING
         self._cancel_deadline()
         self._unset_keepalive_if_required()
