@@ -113,19 +113,6 @@ class _Slots:
             slot = (slot + 1) & mask
         return -1
 
-    def find_few(self, keys: np.ndarray, row_keys: np.ndarray) -> list[int]:
-        """``find`` for a few keys: their home slots in one numpy pass, the probing in Python (a numpy round
-        per probe costs more than it saves on a prompt's few new blocks)."""
-        slot_rows, mask = self.rows, self.mask
-        found = []
-        for key, slot in zip(keys.tolist(), self.home(keys).tolist(), strict=True):
-            while (value := slot_rows.item(slot)) != _EMPTY:
-                if value > 0 and row_keys.item(value - 1) == key:
-                    break
-                slot = (slot + 1) & mask
-            found.append(value - 1)  # a hit's row; an empty slot (0) ends the search: -1
-        return found
-
     def find(self, keys: np.ndarray, row_keys: np.ndarray) -> np.ndarray:
         """The row of each key here (int64), -1 for a key not here."""
         slots = self.home(keys)
@@ -282,14 +269,9 @@ class BlockTable:
                 if len(missing):
                     found[missing] = self._old.find(rest[missing], self._row_keys)
             rows[start:] = found
-        elif len(rest):  # a few left (a prompt's new blocks): probed in Python
-            found_few = self._slots.find_few(rest, self._row_keys)
-            if self._old is not None:
-                found_few = [
-                    row if row >= 0 else self._old.find_one(key, self._row_keys)
-                    for row, key in zip(found_few, rest.tolist(), strict=True)
-                ]
-            rows[start:] = found_few
+        else:  # a few left (a prompt's new blocks): one at a time, in Python
+            for position, key in enumerate(rest.tolist(), start):
+                rows[position] = self._find_one(key)
         if self._old is not None:
             self._move_some(0)  # lookups move old slots too, so a table that stops changing still finishes
         return rows
