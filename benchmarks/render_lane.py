@@ -39,8 +39,8 @@ from tokenfront.protocol import ChatCompletionRequest
 DEFAULT_WORKLOADS = ("one_line", "tool_question", "agent_session", "cold_mid")
 
 
-class _Transport(asyncio.Transport):
-    """A transport that keeps the last answer written and sends nothing."""
+class SinkTransport(asyncio.Transport):
+    """A transport that keeps what is written, in order, and sends nothing (also the direct lane's tests')."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -77,7 +77,11 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-def _protocols(app: Any, loop: asyncio.AbstractEventLoop, count: int) -> list[tuple[Any, _Transport]]:
+def lane_connections(
+    app: Any, loop: asyncio.AbstractEventLoop, count: int
+) -> list[tuple[Any, SinkTransport]]:
+    """`count` connections to `app` as a served renderer has them (the bounded protocol with the app's direct
+    lane, sharing one connection table), each made on a `SinkTransport`: (protocol, transport) pairs."""
     import uvicorn
     from uvicorn.server import ServerState
 
@@ -95,7 +99,7 @@ def _protocols(app: Any, loop: asyncio.AbstractEventLoop, count: int) -> list[tu
     state = ServerState()
     connections = []
     for _ in range(count):
-        protocol, transport = create(config, state, {}, loop), _Transport()
+        protocol, transport = create(config, state, {}, loop), SinkTransport()
         protocol.connection_made(transport)
         connections.append((protocol, transport))
     return connections
@@ -130,7 +134,7 @@ def measure(
     app = create_renderer_app(pipeline)
     loop = _new_loop()
     asyncio.set_event_loop(loop)
-    connections = _protocols(app, loop, concurrency)
+    connections = lane_connections(app, loop, concurrency)
     answers: list[bytes] = []
 
     async def turns(requests: list[bytes]) -> None:

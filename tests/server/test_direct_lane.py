@@ -280,69 +280,27 @@ def test_keep_alive_is_reckoned_from_the_last_answer(qwen3: Path, server_factory
     assert _direct_answers(server.url) == {CHAT: 3.0}
 
 
-class _Transport(asyncio.Transport):
-    """A transport that keeps what is written, in order, and sends nothing."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written: list[bytes] = []
-        self.closing = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(name, default)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-
 def test_keep_alive_answers_wait_for_the_end_of_the_loop_turn(qwen3: Path) -> None:
     """In-process, on a running uvloop loop: a whole request's keep-alive answer is held until the end of the
     loop's turn, when every connection's answer of the turn goes out; `Connection: close` is answered and closed
     at once; a held answer goes out before its connection's next read and before a shutdown closes it, and is
     dropped when the client is gone."""
-    import uvicorn
     import uvloop
-    from uvicorn.server import ServerState
+    from benchmarks.render_lane import SinkTransport, lane_connections
 
     from tokenfront import RenderOptions, RenderPipeline
     from tokenfront.renderer.app import create_renderer_app
-    from tokenfront.server.connection_limits import ConnectionLimits
-    from tokenfront.server.direct import DirectLane
-    from tokenfront.server.http_protocol import bounded_protocol
-    from tokenfront.server.middleware import RequestIdLayer
 
     app = create_renderer_app(RenderPipeline.load(RenderOptions(model=str(qwen3))), api_key=KEY)
-    config = uvicorn.Config(RequestIdLayer(app), log_config=None, access_log=False, ws="none")
-    config.load()
-    create = bounded_protocol(ConnectionLimits(), DirectLane.of(app))
     close_request = _BASE.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
 
-    def answered(transport: _Transport) -> list[bytes]:
+    def answered(transport: SinkTransport) -> list[bytes]:
         return [answer.split(b"\r\n", 1)[0] for answer in transport.written]
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        state = ServerState()
-        connections = [create(config, state, {}, loop) for _ in range(4)]
-        transports = [_Transport() for _ in connections]
-        for protocol, transport in zip(connections, transports, strict=True):
-            protocol.connection_made(transport)
-        first, second, closing, leaving = connections
+        connections = lane_connections(app, asyncio.get_running_loop(), 4)
+        transports = [transport for _, transport in connections]
+        first, second, closing, leaving = (protocol for protocol, _ in connections)
         for protocol in (first, second, leaving):
             protocol.data_received(_BASE)
         closing.data_received(close_request)
