@@ -133,9 +133,8 @@ class DirectLane:
         headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(lines)]
         if len(headers) > max_headers:
             return None
-        length = _content_length(
-            headers
-        )  # None with a Transfer-Encoding, or not one Content-Length of digits
+        # None with a Transfer-Encoding, or without exactly one Content-Length of digits.
+        length = _content_length(headers)
         content_type = request_id = None
         keep_alive = True
         for name, value in headers:

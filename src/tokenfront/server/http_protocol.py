@@ -195,14 +195,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         *,
         limits: ConnectionLimits,
         table: ConnectionTable,
+        held: HeldAnswers,
         direct: DirectLane | None = None,
-        held: HeldAnswers | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.limits = limits
         self.table = table
         self.direct = direct
-        self.held = HeldAnswers() if held is None else held
+        self.held = held
         self._held_answer: bytes | None = None  # a direct-lane answer to send at the end of the loop's turn
         self._direct_cycle: RequestResponseCycle | None = None  # taken by the direct lane, its body coming
         self._max_header_bytes = limits.max_header_bytes  # read on every read: one attribute, not two
