@@ -249,9 +249,8 @@ class PredictedTtftPolicy(Policy):
             self.kv_index, candidates, request, self.default_tokens_per_block, previous=self._match
         )
         prompt_tokens = match.prompt_tokens
-        scalar = (
-            len(candidates) <= SCALAR_CANDIDATES
-        )  # the same costs on Python numbers (prefix_match docstring)
+        # Up to SCALAR_CANDIDATES, the same costs on Python numbers (prefix_match's docstring).
+        scalar = len(candidates) <= SCALAR_CANDIDATES
         active: list[int] | np.ndarray
         queue: list[float] | np.ndarray
         costs: list[float] | np.ndarray
