@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from tokenfront.core.native_templates.base import DECLINE, Declined
+from tokenfront.core.native_templates.tojson import request_value_json
 
 __all__ = ["render_qwen3"]
 
@@ -44,7 +45,7 @@ def render_qwen3(
         )
         for tool in tools:
             out.append("\n")
-            out.append(json.dumps(tool, ensure_ascii=False))  # {{- tool | tojson }}
+            out.append(request_value_json(tool))  # {{- tool | tojson }}
         out.append(
             "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
             '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
