@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Response
+from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenfront import __version__
@@ -49,6 +50,19 @@ ServerInfo = Callable[[], dict[str, Any]]
 PATH_INFO_KEYS = ("model_path", "tokenizer_path")
 
 
+class AppState(State):
+    """Starlette's `app.state`, its values also kept as plain attributes: read without a `__getattr__` call (a
+    Python function, and an exception for an absent name), several of which every request makes."""
+
+    def __setattr__(self, key: Any, value: Any) -> None:
+        super().__setattr__(key, value)
+        object.__setattr__(self, key, value)
+
+    def __delattr__(self, key: Any) -> None:
+        super().__delattr__(key)
+        object.__delattr__(self, key)
+
+
 class TokenfrontApp(FastAPI):
     """A FastAPI app that answers its lean routes (`server.lean_routes.LeanRoute`) itself.
 
@@ -67,6 +81,7 @@ class TokenfrontApp(FastAPI):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.state = AppState()
         self.lean_routes: dict[str, LeanRoute] = {}
         # The lean routes that offer a direct answer (`server.direct`), by path.
         self.direct_routes: dict[str, DirectAnswer] = {}
