@@ -236,16 +236,19 @@ def check_messages(messages: list[ChatMessage]) -> None:
     """What vLLM's message models refuse: null content outside assistant (and function) messages, and
     assistant tool calls without an `id`, without `type: "function"`, or whose `arguments` is not a string."""
     for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        null = message.content is None and "content" in message.model_fields_set
-        if null and message.role not in _NULL_CONTENT_ROLES:
+        if (
+            message.content is None
+            and message.role not in _NULL_CONTENT_ROLES
+            and "content" in message.model_fields_set
+        ):
             raise RenderError(
-                f"{where}.content is null: a {message.role} message needs content (a string or a list of "
-                "parts), or leave the field out",
-                param=f"{where}.content",
+                f"messages[{index}].content is null: a {message.role} message needs content (a string or a "
+                "list of parts), or leave the field out",
+                param=f"messages[{index}].content",
             )
-        for position, call in enumerate(message.tool_calls or ()):
-            _check_tool_call(call, f"{where}.tool_calls[{position}]")
+        if message.tool_calls:
+            for position, call in enumerate(message.tool_calls):
+                _check_tool_call(call, f"messages[{index}].tool_calls[{position}]")
 
 
 def _check_tool_call(call: ToolCall, where: str) -> None:

@@ -52,18 +52,22 @@ __all__ = ["DirectAnswer", "DirectLane"]
 DirectAnswer = Callable[["FastAPI", bytes, dict[str, Any]], "bytes | None"]
 
 _REQUEST_ID = REQUEST_ID_HEADER.lower().encode("ascii")
-_JSON_HEAD = b"content-type: application/json\r\n"
+# The answer's Content-Type line and the start of its request id's.
+_JSON_AND_ID = b"content-type: application/json\r\n" + _REQUEST_ID + b": "
 
-# A whole POST request head of header lines (RFC 9110's token for a name; printable characters, spaces, tabs
-# and obs-text for a value), and one such line, its value without the white space before it, for `answer_whole`.
-# Possessive: nothing is tried twice. What they do not match, the HTTP parser reads.
+# A whole POST request head of header lines (RFC 9110's token for a name; for a value, runs of printable
+# characters and obs-text separated by spaces and tabs, not ending in white space: a value followed by white
+# space is the parser's to strip), and one such line, its value without the white space before it, for
+# `answer_whole`. Possessive: nothing is tried twice. What they do not match, the HTTP parser reads.
 _TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]++"
-_VALUE = rb"[\t\x20-\x7e\x80-\xff]*+"
-_WHOLE_HEAD = re.compile(rb"POST (/[!-~]*+) HTTP/1\.1\r\n((?:" + _TOKEN + b":" + _VALUE + rb"\r\n)*+)\r\n")
+_VALUE = rb"(?:[!-~\x80-\xff]++(?:[\t ]++[!-~\x80-\xff]++)*+)?+"
+_WHOLE_HEAD = re.compile(
+    rb"POST (/[!-~]*+) HTTP/1\.1\r\n((?:" + _TOKEN + rb":[\t ]*+" + _VALUE + rb"\r\n)*+)\r\n"
+)
 _HEADER_LINE = re.compile(b"(" + _TOKEN + rb"):[ \t]*+(" + _VALUE + rb")\r\n")
-# Headers that send a request to the parser: the client asks for more than an answer (a Transfer-Encoding is
-# `_content_length`'s to refuse).
-_NOT_WHOLE = frozenset((b"expect", b"upgrade"))
+# Headers that send a request to the parser: the client asks for more than an answer, or sends its body in
+# chunks.
+_NOT_WHOLE = frozenset((b"expect", b"upgrade", b"transfer-encoding"))
 
 
 class DirectLane:
@@ -76,6 +80,9 @@ class DirectLane:
         self.front = front  # the key check and the request metrics
         self.drain = app.drain
         self.max_body = min(INLINE_BODY_BYTES, app.max_body_bytes)
+        # The answer's status line and default headers, and the default headers they were made of.
+        self._head = b""
+        self._head_headers: list[Any] | None = None
 
     @classmethod
     def of(cls, app: TokenfrontApp | Any) -> DirectLane | None:
@@ -127,18 +134,24 @@ class DirectLane:
         path = self.raw_paths.get(match.group(1))
         if path is None:
             return None
-        lines = match.group(2)
-        if b" \r\n" in lines or b"\t\r\n" in lines:
-            return None  # a value with white space after it: the parser's to strip
-        headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(lines)]
-        if len(headers) > max_headers:
+        found = _HEADER_LINE.findall(match.group(2))
+        if len(found) > max_headers:
             return None
-        # None with a Transfer-Encoding, or without exactly one Content-Length of digits.
-        length = _content_length(headers)
-        content_type = request_id = None
+        # One pass over the lines: the body's length (exactly one Content-Length of digits, no
+        # Transfer-Encoding), the headers the answer reads, and any that send the request to the parser.
+        headers: list[tuple[bytes, bytes]] = []
+        length: int | None = None
+        content_type: bytes | None = None
+        request_id: bytes | None = None
         keep_alive = True
-        for name, value in headers:
-            if name == b"content-type":
+        for name, value in found:
+            name = name.lower()
+            headers.append((name, value))
+            if name == b"content-length":
+                if length is not None or not value.isdigit():
+                    return None
+                length = int(value)
+            elif name == b"content-type":
                 content_type = value
             elif name == _REQUEST_ID:
                 request_id = value
@@ -188,21 +201,21 @@ class DirectLane:
         if content is None:
             return None
         self.front.metrics.observe_direct(path, time.perf_counter() - start)
-        head = [STATUS_LINE[200]]
-        for name, value in default_headers:
-            head += (name, b": ", value, b"\r\n")
-        head += (
-            b"content-length: %d\r\n" % len(content),
-            _JSON_HEAD,
-            _REQUEST_ID,
-            b": ",
-            request_id.encode("ascii"),
-            b"\r\n",
+        if default_headers is not self._head_headers:  # uvicorn's list, anew each second (its Date)
+            self._head_headers = default_headers
+            self._head = STATUS_LINE[200] + b"".join(
+                name + b": " + value + b"\r\n" for name, value in default_headers
+            )
+        return b"".join(
+            (
+                self._head,
+                b"content-length: %d\r\n" % len(content),
+                _JSON_AND_ID,
+                request_id.encode("ascii"),
+                b"\r\n\r\n" if keep_alive else b"\r\nconnection: close\r\n\r\n",
+                content,
+            )
         )
-        if not keep_alive:
-            head.append(b"connection: close\r\n")
-        head += (b"\r\n", content)
-        return b"".join(head)
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:

@@ -77,20 +77,18 @@ class ServerMetrics:
         for child, amount in pending.items():
             child.inc(amount)
 
-    def _count(self, child: Counter, amount: float = 1) -> None:
-        """Add `amount` to a counter's child: at the end of this turn of the event loop when on it (once for
-        all the counts of the turn), at once otherwise (a render thread)."""
+    def _turn_counts(self) -> dict[Counter, float] | None:
+        """The counts of this turn of the event loop when on it (its first call in a turn schedules their
+        `flush` at the turn's end), to add to; None when not on the loop (a render thread): count at once."""
         thread = threading.get_ident()
         if thread != self._flushing_thread:  # the turn's first count, or not on the loop
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
-                child.inc(amount)
-                return
+                return None
             loop.call_soon(self.flush)
             self._flushing_thread = thread
-        pending = self._pending
-        pending[child] = pending.get(child, 0) + amount
+        return self._pending
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request."""
@@ -112,8 +110,14 @@ class ServerMetrics:
             )
             self._direct[route] = children
         children[1].observe(seconds)
-        self._count(children[0])
-        self._count(children[2])
+        requests, direct = children[0], children[2]
+        pending = self._turn_counts()
+        if pending is None:
+            requests.inc()
+            direct.inc()
+        else:
+            pending[requests] = pending.get(requests, 0) + 1
+            pending[direct] = pending.get(direct, 0) + 1
 
     def count_rendered(self, kind: str, prompts: int, tokens: int) -> None:
         """Count rendered prompts and their tokens."""
@@ -121,8 +125,14 @@ class ServerMetrics:
         if children is None:
             children = (self.rendered_prompts.labels(kind), self.rendered_tokens.labels(kind))
             self._rendered[kind] = children
-        self._count(children[0], prompts)
-        self._count(children[1], tokens)
+        counted, produced = children
+        pending = self._turn_counts()
+        if pending is None:
+            counted.inc(prompts)
+            produced.inc(tokens)
+        else:
+            pending[counted] = pending.get(counted, 0) + prompts
+            pending[produced] = pending.get(produced, 0) + tokens
 
 
 def exposition(registry: CollectorRegistry) -> bytes:

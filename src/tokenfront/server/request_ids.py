@@ -8,6 +8,7 @@ worker it chose, and the answer returns it in `X-Request-Id` (`server.middleware
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from contextvars import ContextVar, Token
@@ -34,10 +35,20 @@ _USABLE = re.compile(rb"[!-~]{1,%d}" % MAX_REQUEST_ID_LENGTH)
 _current: ContextVar[str | None] = ContextVar("tokenfront_request_id", default=None)
 
 
+# Ids name requests, they guard nothing: the random module's generator (seeded from the OS at start and again
+# in each pre-forked child) instead of a getrandom system call per id, two of which every render answer makes;
+# and its bytes drawn for _POOL_IDS ids at a time. A child forked with ids left in the pool empties it (else it
+# would give the parent's next ids again).
+_POOL_IDS = 128
+_pool: list[str] = []
+os.register_at_fork(after_in_child=_pool.clear)
+
+
 def _hex32() -> str:
-    # Ids name requests, they guard nothing: the random module's generator (seeded from the OS at start and again
-    # in each pre-forked child) instead of a getrandom system call per id, two of which every render answer made.
-    return f"{random.getrandbits(128):032x}"
+    if not _pool:
+        digits = random.randbytes(16 * _POOL_IDS).hex()
+        _pool.extend([digits[start : start + 32] for start in range(0, 32 * _POOL_IDS, 32)])
+    return _pool.pop()
 
 
 def chat_request_id() -> str:
