@@ -171,6 +171,10 @@ WHOLE_CASES = [
     ("a control character in a value", _BASE.replace(b"lane-test-1", b"lane\x01test-1"), False),
     ("a folded header line", _BASE.replace(b"\r\n\r\n", b"\r\nX-Fold: a\r\n b\r\n\r\n", 1), False),
     ("a lower-case method", _BASE.replace(b"POST", b"post", 1), False),
+    ("a header line without a colon", _BASE.replace(b"\r\n\r\n", b"\r\nX-No-Colon\r\n\r\n", 1), False),
+    ("a header line without a name", _BASE.replace(b"\r\n\r\n", b"\r\n: nameless\r\n\r\n", 1), False),
+    ("a line feed alone in a value", _BASE.replace(b"lane-test-1", b"lane\ntest-1"), False),
+    ("a DEL in a value", _BASE.replace(b"lane-test-1", b"lane\x7ftest-1"), False),
     (
         "chunked",
         _BASE.replace(b"Content-Length: %d" % len(CHAT_BODY), b"Transfer-Encoding: chunked").replace(
@@ -194,7 +198,7 @@ def test_which_whole_requests_the_lane_reads_itself(qwen3: Path) -> None:
         lane.answer_whole(request, 8192, 100, []) is not None
         for request in [_request(CHAT, CHAT_BODY, auth="none"), *(case[1] for case in WHOLE_CASES)]
     ]
-    assert read == [True] * 4 + [False] * 12
+    assert read == [True] * 4 + [False] * 16
     assert (
         lane.answer_whole(_BASE.replace(b"Bearer", b"Bearer"), 100, 100, []) is None
     )  # a head over 100 bytes
@@ -218,7 +222,7 @@ def test_whole_requests_the_parser_reads_instead(renderers: tuple[Any, Any]) -> 
         now = sum(_direct_answers(lane.url).values())
         assert now == counted + by_lane, name
         taken += by_lane
-    assert compared == len(WHOLE_CASES) == 15
+    assert compared == len(WHOLE_CASES) == 19
     assert taken == 8
     assert "Traceback" not in lane.log() and "Traceback" not in usual.log()
 
