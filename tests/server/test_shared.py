@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 from tokenfront.server.errors import APIError
 from tokenfront.server.models import check_model, models_body
-from tokenfront.server.request_ids import chat_request_id, completion_request_id
+from tokenfront.server.request_ids import chat_request_id, completion_request_id, new_request_id
 from tokenfront.server.responses import dumps, loads
 from tokenfront.server.sse import SSE_DONE, sse_event
 
@@ -32,9 +33,28 @@ def test_loads_says_why_a_body_is_not_json() -> None:
 
 
 def test_request_ids() -> None:
-    ids = {chat_request_id() for _ in range(100)}
-    assert len(ids) == 100 and all(re.fullmatch(r"chatcmpl-[0-9a-f]{32}", i) for i in ids)
+    ids = {chat_request_id() for _ in range(1000)}  # past several draws of the id pool
+    assert len(ids) == 1000 and all(re.fullmatch(r"chatcmpl-[0-9a-f]{32}", i) for i in ids)
     assert re.fullmatch(r"cmpl-[0-9a-f]{32}", completion_request_id())
+    assert re.fullmatch(r"[0-9a-f]{32}", new_request_id())
+
+
+def test_a_forked_process_makes_other_request_ids() -> None:
+    """A pre-forked server process (`--workers N`) must not give the ids its parent has drawn but not yet
+    used."""
+    new_request_id()  # the parent has ids drawn and waiting
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        os.write(write, " ".join(new_request_id() for _ in range(5)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read) as pipe:
+        theirs = pipe.read().split()
+    ours = [new_request_id() for _ in range(5)]
+    assert len(theirs) == 5 and all(re.fullmatch(r"[0-9a-f]{32}", i) for i in theirs)
+    assert not set(theirs) & set(ours)
 
 
 def test_model_check() -> None:
