@@ -228,7 +228,7 @@ class RenderPipeline:
             documents=body.get("documents"),
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
-            variables={**self._special_tokens, **kwargs},
+            variables={**self._special_tokens, **kwargs} if kwargs else self._special_tokens,
         )
         # The prefix joins the text, not the ids: token boundaries are those the template would give had it
         # written the prefix itself (encoding it alone and concatenating ids could differ).

@@ -347,9 +347,11 @@ def _offer_direct(
     `model` validates and that has no template of its own (those render on the render thread); None otherwise,
     for the endpoint to answer."""
 
+    validate = model.__pydantic_validator__.validate_python  # model_validate less its Python wrapper
+
     def direct(app: FastAPI, raw: bytes, body: dict[str, Any]) -> bytes | None:
         try:
-            request = model.model_validate(body, context=getattr(app, "validation_context", None))
+            request = validate(body, context=getattr(app, "validation_context", None))
         except ValidationError:
             return None
         if getattr(request, "chat_template", None) is not None:

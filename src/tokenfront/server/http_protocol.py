@@ -100,6 +100,15 @@ class ConnectionTable:
         if first:
             self._waiting.move_to_end(connection, last=False)
 
+    def answered(self, connection: BoundedHttpProtocol) -> None:
+        """`connection`'s request was answered in the read that brought it: waiting again, now the last the
+        cap reclaims (`busy` then `waiting` in one step)."""
+        waiting = self._waiting
+        if connection in waiting:
+            waiting.move_to_end(connection)
+        else:
+            waiting[connection] = None
+
     def busy(self, connection: BoundedHttpProtocol) -> None:
         """`connection` has a request in progress, or is gone: not to be reclaimed."""
         self._waiting.pop(connection, None)
@@ -398,8 +407,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return True
         self._held_answer = answer
         self.held.hold(self)
-        self.table.busy(self)  # answered: waiting again, the last the cap reclaims
-        self.table.waiting(self)
+        self.table.answered(self)  # waiting again, the last the cap reclaims
         if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
