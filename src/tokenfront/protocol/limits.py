@@ -88,13 +88,10 @@ def _at_most(value: Any, limit: int, items: str, advice: str) -> Any:
     return value
 
 
-_SHORTEN = "shorten the conversation"
-
-
 def check_message_count(value: Any, limits: RequestLimits, field: str = "messages") -> Any:
     """A 400 for more than `limits.max_messages` items, checked before the items are validated (a
     before-validator)."""
-    return _at_most(value, limits.max_messages, field, _SHORTEN)
+    return _at_most(value, limits.max_messages, field, "shorten the conversation")
 
 
 def check_tool_count(value: Any, limits: RequestLimits) -> Any:
@@ -119,7 +116,7 @@ def check_stop_strings(value: Any, limits: RequestLimits) -> Any:
 # The checks as field annotations (`Annotated[list[Tool] | None, BOUNDED_TOOLS]`): before-validators that read
 # the limits the body is validated with, so every request model bounds its lists the one same way.
 def _messages(value: Any, info: ValidationInfo) -> Any:
-    return _at_most(value, limits_of(info).max_messages, "messages", _SHORTEN)
+    return check_message_count(value, limits_of(info))
 
 
 def _input_items(value: Any, info: ValidationInfo) -> Any:
