@@ -77,18 +77,23 @@ class ServerMetrics:
         for child, amount in pending.items():
             child.inc(amount)
 
-    def _turn_counts(self) -> dict[Counter, float] | None:
-        """The counts of this turn of the event loop when on it (its first call in a turn schedules their
-        `flush` at the turn's end), to add to; None when not on the loop (a render thread): count at once."""
+    def _count_two(self, first: Counter, first_amount: float, second: Counter, second_amount: float) -> None:
+        """Add to two counters' children (every count here comes in pairs): at the end of this turn of the event
+        loop when on it (once for all the counts of the turn; the turn's first count schedules the `flush`), at
+        once otherwise (a render thread). Whether on the loop is asked once for both."""
         thread = threading.get_ident()
         if thread != self._flushing_thread:  # the turn's first count, or not on the loop
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
-                return None
+                first.inc(first_amount)
+                second.inc(second_amount)
+                return
             loop.call_soon(self.flush)
             self._flushing_thread = thread
-        return self._pending
+        pending = self._pending
+        pending[first] = pending.get(first, 0) + first_amount
+        pending[second] = pending.get(second, 0) + second_amount
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request."""
@@ -110,14 +115,7 @@ class ServerMetrics:
             )
             self._direct[route] = children
         children[1].observe(seconds)
-        requests, direct = children[0], children[2]
-        pending = self._turn_counts()
-        if pending is None:
-            requests.inc()
-            direct.inc()
-        else:
-            pending[requests] = pending.get(requests, 0) + 1
-            pending[direct] = pending.get(direct, 0) + 1
+        self._count_two(children[0], 1, children[2], 1)
 
     def count_rendered(self, kind: str, prompts: int, tokens: int) -> None:
         """Count rendered prompts and their tokens."""
@@ -125,14 +123,7 @@ class ServerMetrics:
         if children is None:
             children = (self.rendered_prompts.labels(kind), self.rendered_tokens.labels(kind))
             self._rendered[kind] = children
-        counted, produced = children
-        pending = self._turn_counts()
-        if pending is None:
-            counted.inc(prompts)
-            produced.inc(tokens)
-        else:
-            pending[counted] = pending.get(counted, 0) + prompts
-            pending[produced] = pending.get(produced, 0) + tokens
+        self._count_two(children[0], prompts, children[1], tokens)
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
