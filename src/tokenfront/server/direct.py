@@ -65,9 +65,9 @@ _WHOLE_HEAD = re.compile(
     rb"POST (/[!-~]*+) HTTP/1\.1\r\n((?:" + _TOKEN + rb":[\t ]*+" + _VALUE + rb"\r\n)*+)\r\n"
 )
 _HEADER_LINE = re.compile(b"(" + _TOKEN + rb"):[ \t]*+(" + _VALUE + rb")\r\n")
-# Headers that send a request to the parser: the client asks for more than an answer, or sends its body in
-# chunks.
-_NOT_WHOLE = frozenset((b"expect", b"upgrade", b"transfer-encoding"))
+# Headers that send a request to the parser: the client asks for more than an answer (a Transfer-Encoding is
+# `_content_length`'s to refuse).
+_NOT_WHOLE = frozenset((b"expect", b"upgrade"))
 
 
 class DirectLane:
@@ -134,24 +134,15 @@ class DirectLane:
         path = self.raw_paths.get(match.group(1))
         if path is None:
             return None
-        found = _HEADER_LINE.findall(match.group(2))
-        if len(found) > max_headers:
+        headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(match.group(2))]
+        if len(headers) > max_headers:
             return None
-        # One pass over the lines: the body's length (exactly one Content-Length of digits, no
-        # Transfer-Encoding), the headers the answer reads, and any that send the request to the parser.
-        headers: list[tuple[bytes, bytes]] = []
-        length: int | None = None
-        content_type: bytes | None = None
-        request_id: bytes | None = None
+        # None with a Transfer-Encoding, or without exactly one Content-Length of digits.
+        length = _content_length(headers)
+        content_type = request_id = None
         keep_alive = True
-        for name, value in found:
-            name = name.lower()
-            headers.append((name, value))
-            if name == b"content-length":
-                if length is not None or not value.isdigit():
-                    return None
-                length = int(value)
-            elif name == b"content-type":
+        for name, value in headers:
+            if name == b"content-type":
                 content_type = value
             elif name == _REQUEST_ID:
                 request_id = value
