@@ -148,6 +148,15 @@ def _http_request(payload: bytes, port: int) -> bytes:
     return head.encode() + payload
 
 
+def workload_requests(workload: str, count: int, seed: str, port: int) -> list[list[bytes]]:
+    """`count` fresh requests of `workload` (drawn with `seed`) as the HTTP bytes sent to `port`: one list per
+    connection's sequence of turns."""
+    return [
+        [_http_request(_encode_body(body), port) for body in turns]
+        for turns in _generate(workload, count, seed)
+    ]
+
+
 # --- the client --------------------------------------------------------------------------------------------
 
 _HEAD, _BODY, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER = range(5)

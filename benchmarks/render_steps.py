@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.render_http import _encode_body, _generate, _http_request, run_client
+from benchmarks.render_http import _encode_body, _generate, run_client, workload_requests
 from benchmarks.servers import Server, free_port, launch, stop_all, wait_healthy
 from tokenfront import fixtures
 
@@ -136,13 +136,6 @@ def _serve_bare(port: int, answer_path: str) -> int:
 # --- the driver ---------------------------------------------------------------------------------------------
 
 
-def _requests(workload: str, count: int, seed: str, port: int) -> list[list[bytes]]:
-    return [
-        [_http_request(_encode_body(body), port) for body in turns]
-        for turns in _generate(workload, count, seed)
-    ]
-
-
 def _drive(server: Server, requests: list[list[bytes]]) -> tuple[float, float, int]:
     """Send `requests` from the client's core; (server CPU seconds, wall seconds, failures)."""
     os.sched_setaffinity(0, {int(CLIENT_CORE)})
@@ -169,7 +162,7 @@ def _steps(server: Server, out: Path) -> dict[str, list[float]]:
 def _measure(server: Server, out: Path, workload: str, count: int, rounds: int) -> dict[str, Any]:
     best: dict[str, Any] | None = None
     for number in range(rounds):
-        requests = _requests(workload, count, f"render-steps-{workload}-{number}", server.port)
+        requests = workload_requests(workload, count, f"render-steps-{workload}-{number}", server.port)
         sent = sum(len(turns) for turns in requests)
         _steps(server, out)
         cpu, wall, failures = _drive(server, requests)
@@ -200,7 +193,7 @@ def _floor(answer: bytes, workload: str, count: int, rounds: int, log_dir: Path)
         wait_healthy([bare], timeout=30.0)
         best = None
         for number in range(rounds):
-            requests = _requests(workload, count, f"render-steps-floor-{number}", port)
+            requests = workload_requests(workload, count, f"render-steps-floor-{number}", port)
             cpu, wall, failures = _drive(bare, requests)
             sent = sum(len(turns) for turns in requests)
             if failures:

@@ -25,18 +25,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.render_http import _encode_body, _generate, _http_request, run_client
+from benchmarks.render_http import run_client, workload_requests
 from benchmarks.servers import launch_tokenfront, stop_all, wait_healthy
 from tokenfront import fixtures
 
 SERVER_CORE, CLIENT_CORE = "0", 1
-
-
-def _requests(workload: str, count: int, seed: str, port: int) -> list[list[bytes]]:
-    return [
-        [_http_request(_encode_body(body), port) for body in turns]
-        for turns in _generate(workload, count, seed)
-    ]
 
 
 def _one_round(tree: Path, args: argparse.Namespace, folder: str, log_dir: Path, number: int) -> float:
@@ -51,9 +44,11 @@ def _one_round(tree: Path, args: argparse.Namespace, folder: str, log_dir: Path,
     try:
         wait_healthy([server], timeout=120.0)
         server.wait_settled()
-        warm = _requests(args.workload, max(1, args.requests // 10), f"trees-warm-{number}", server.port)
+        warm = workload_requests(
+            args.workload, max(1, args.requests // 10), f"trees-warm-{number}", server.port
+        )
         run_client(server.port, warm, 8)
-        requests = _requests(args.workload, args.requests, f"trees-{number}", server.port)
+        requests = workload_requests(args.workload, args.requests, f"trees-{number}", server.port)
         sent = sum(len(turns) for turns in requests)
         before = server.cpu_seconds()
         run = run_client(server.port, requests, 8)
