@@ -4,13 +4,15 @@ With several processes serving one port (`tokenfront render --workers N`), each 
 under PROMETHEUS_MULTIPROC_DIR (prometheus-client's multiprocess mode, set up by `server.process` before the
 processes start), and `GET /metrics`, whichever process answers it, sums them all.
 
-The counts of the render hot path (`observe_direct`'s request and direct-answer counters, `count_rendered`),
-made on the event loop, are added up there and handed to prometheus-client once per turn of the loop
-(`ServerMetrics.flush`, which `GET /metrics` also calls first): a lock and a multiprocess file write per turn
-rather than per count, the same totals by the time any other request is answered. Whether a count is made on
-the loop is asked of asyncio once per turn, not per count: on Python 3.11 `asyncio.get_running_loop()` is a
-`getpid()` system call (it checks for a fork), four of them a request. `observe` (every other request) counts
-at once.
+The counts of the render hot path (`observe_direct`: a direct answer's request, latency and direct-answer
+counts; `count_rendered`), when made on the event loop, are added up in plain numbers (`_DirectTally`,
+`_RenderedTally`) and handed to prometheus-client by `ServerMetrics.flush`: in one process only when `GET
+/metrics` asks (it flushes first, so every answer already given is counted); with `--workers N`, whose `GET
+/metrics` reads every process's files, at the end of each turn of the loop that counted (one `call_soon` a
+turn), so the totals are in the files by the time any other request is answered. Per request that is a few
+additions instead of prometheus-client's lock per value (its histogram's `observe` takes two). A count made off
+the loop (a render thread) is handed on at once. Whether a count is made on the loop is known by its thread: the
+first loop to count is the server's (asking asyncio each time is a `getpid()` system call on Python 3.11).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from bisect import bisect_left
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -65,35 +68,40 @@ class ServerMetrics:
         for collector in render_thread_collectors():
             self.registry.register(collector)
         self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
-        self._direct: dict[str, tuple[Counter, Histogram, Counter]] = {}
-        self._rendered: dict[str, tuple[Counter, Counter]] = {}
-        self._pending: dict[Counter, float] = {}  # counts of this turn of the loop, not yet handed on
-        self._flushing_thread: int | None = None  # the thread whose loop flushes `_pending` at its turn's end
+        self._direct: dict[str, _DirectTally] = {}
+        self._rendered: dict[str, _RenderedTally] = {}
+        # The thread of the loop whose counts are tallied (the first loop to count); whether it hands them on at
+        # the end of each of its turns (multiprocess mode), and whether this turn's is due.
+        self._loop_thread: int | None = None
+        self._per_turn = False
+        self._flush_due = False
 
     def flush(self) -> None:
-        """Hand the counts made on the event loop so far to their counters."""
-        self._flushing_thread = None
-        pending, self._pending = self._pending, {}
-        for child, amount in pending.items():
-            child.inc(amount)
+        """Hand the counts tallied on the event loop so far to prometheus-client."""
+        self._flush_due = False
+        for direct in self._direct.values():
+            direct.hand_on()
+        for rendered in self._rendered.values():
+            rendered.hand_on()
 
-    def _count_two(self, first: Counter, first_amount: float, second: Counter, second_amount: float) -> None:
-        """Add to two counters' children (every count here comes in pairs): at the end of this turn of the event
-        loop when on it (once for all the counts of the turn; the turn's first count schedules the `flush`), at
-        once otherwise (a render thread). Whether on the loop is asked once for both."""
+    def _tallies_here(self) -> bool:
+        """Whether a count made now goes to the tallies: on the tallying loop's thread (the first loop to count
+        becomes it), and then with this turn's flush scheduled in multiprocess mode."""
         thread = threading.get_ident()
-        if thread != self._flushing_thread:  # the turn's first count, or not on the loop
+        if thread != self._loop_thread:
+            if self._loop_thread is not None:
+                return False
             try:
-                loop = asyncio.get_running_loop()
+                asyncio.get_running_loop()
             except RuntimeError:
-                first.inc(first_amount)
-                second.inc(second_amount)
-                return
-            loop.call_soon(self.flush)
-            self._flushing_thread = thread
-        pending = self._pending
-        pending[first] = pending.get(first, 0) + first_amount
-        pending[second] = pending.get(second, 0) + second_amount
+                return False
+            self._loop_thread = thread
+            # Read once the serving process counts: `--workers` sets it before the processes start.
+            self._per_turn = bool(os.environ.get(MULTIPROC_DIR_ENV))
+        if self._per_turn and not self._flush_due:
+            asyncio.get_running_loop().call_soon(self.flush)
+            self._flush_due = True
+        return True
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request."""
@@ -106,24 +114,82 @@ class ServerMetrics:
 
     def observe_direct(self, route: str, seconds: float) -> None:
         """Count one request answered 200 on the direct lane (`server.direct`)."""
-        children = self._direct.get(route)
-        if children is None:  # its three children, looked up once
-            children = (
+        tally = self._direct.get(route)
+        if tally is None:  # its three children, looked up once
+            tally = _DirectTally(
                 self.requests.labels(route, "200"),
                 self.latency.labels(route),
                 self.direct_answers.labels(route),
             )
-            self._direct[route] = children
-        children[1].observe(seconds)
-        self._count_two(children[0], 1, children[2], 1)
+            self._direct[route] = tally
+        if self._tallies_here():
+            tally.answers += 1
+            tally.seconds += seconds
+            tally.buckets[bisect_left(tally.bounds, seconds)] += 1
+        else:
+            tally.requests.inc()
+            tally.latency.observe(seconds)
+            tally.direct.inc()
 
     def count_rendered(self, kind: str, prompts: int, tokens: int) -> None:
         """Count rendered prompts and their tokens."""
-        children = self._rendered.get(kind)
-        if children is None:
-            children = (self.rendered_prompts.labels(kind), self.rendered_tokens.labels(kind))
-            self._rendered[kind] = children
-        self._count_two(children[0], prompts, children[1], tokens)
+        tally = self._rendered.get(kind)
+        if tally is None:
+            tally = _RenderedTally(self.rendered_prompts.labels(kind), self.rendered_tokens.labels(kind))
+            self._rendered[kind] = tally
+        if self._tallies_here():
+            tally.prompts += prompts
+            tally.tokens += tokens
+        else:
+            tally.prompt_counter.inc(prompts)
+            tally.token_counter.inc(tokens)
+
+
+class _DirectTally:
+    """A route's direct answers counted on the loop and not yet handed on: how many, their seconds, and how many
+    fell in each latency bucket (the first whose bound is at least the seconds, as the histogram's `observe`
+    picks), with the three children they go to."""
+
+    __slots__ = ("answers", "bounds", "buckets", "direct", "latency", "requests", "seconds")
+
+    def __init__(self, requests: Counter, latency: Histogram, direct: Counter) -> None:
+        self.requests, self.latency, self.direct = requests, latency, direct
+        self.bounds: list[float] = list(latency._upper_bounds)  # prometheus-client's, +Inf last
+        self.answers = 0
+        self.seconds = 0.0
+        self.buckets = [0] * len(self.bounds)
+
+    def hand_on(self) -> None:
+        """Add the tally to the children (the histogram's sum and buckets as its `observe` adds to them, in one
+        step each) and start again from nothing."""
+        if not self.answers:
+            return
+        self.requests.inc(self.answers)
+        self.direct.inc(self.answers)
+        self.latency._sum.inc(self.seconds)
+        for bucket, count in zip(self.latency._buckets, self.buckets, strict=True):
+            if count:
+                bucket.inc(count)
+        self.answers = 0
+        self.seconds = 0.0
+        self.buckets = [0] * len(self.bounds)
+
+
+class _RenderedTally:
+    """A kind's rendered prompts and tokens counted on the loop and not yet handed on, and their counters."""
+
+    __slots__ = ("prompt_counter", "prompts", "token_counter", "tokens")
+
+    def __init__(self, prompt_counter: Counter, token_counter: Counter) -> None:
+        self.prompt_counter, self.token_counter = prompt_counter, token_counter
+        self.prompts = 0
+        self.tokens = 0
+
+    def hand_on(self) -> None:
+        if self.prompts or self.tokens:
+            self.prompt_counter.inc(self.prompts)
+            self.token_counter.inc(self.tokens)
+            self.prompts = self.tokens = 0
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
