@@ -127,8 +127,7 @@ class ServerMetrics:
             tally.seconds += seconds
             tally.buckets[bisect_left(tally.bounds, seconds)] += 1
         else:
-            tally.requests.inc()
-            tally.latency.observe(seconds)
+            self.observe(route, 200, seconds)
             tally.direct.inc()
 
     def count_rendered(self, kind: str, prompts: int, tokens: int) -> None:
