@@ -16,11 +16,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# Installed as a built wheel, never editable: the wheel holds the render hot path compiled by mypyc (setup.py), and
+# the tests run on what ships. pip rebuilds and reinstalls the project each time (about 15 s), so every target
+# below runs the current source; tests/conftest.py stops a run whose installed copy differs from src/.
 install: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet .
 
 install-test: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,worker]'
+	$(BIN)/python -m pip install --quiet '.[test,worker]'
 	@command -v jq >/dev/null || (apt-get update -qq && apt-get install -y -qq jq) || echo "jq not installed: the shell recipe test will be skipped"
 	@(test -x /usr/bin/chromium && test -x /usr/bin/chromedriver) || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) \
 		|| echo "chromium not installed: the inspector's browser test will be skipped"
@@ -37,7 +40,7 @@ fixtures: install
 # Set up and run the main job: a worker on the real SmolLM2-135M-Instruct (fetched and converted by the
 # project's fixture script), with the render endpoints mounted too, on http://127.0.0.1:$(PORT).
 demo: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[worker]'
+	$(BIN)/python -m pip install --quiet '.[worker]'
 	$(BIN)/tokenfront fixtures --only smollm2
 	TOKENFRONT_ENABLE_RENDER_ENDPOINTS=1 $(BIN)/tokenfront serve --model $(CACHE)/checkpoints/smollm2 \
 		--served-model-name SmolLM2-135M-Instruct --tool-call-parser hermes --port $(PORT)

@@ -221,6 +221,8 @@ def reference_renderer(pipeline: RenderPipeline) -> Callable[[dict[str, Any]], l
     template = pipeline.checkpoint.chat_templates.select(has_tools=False)  # type: ignore[union-attr]
     from tokenfront.core.templates import compile_template
 
+    if template is None:
+        raise SystemExit(f"{pipeline.checkpoint.tokenizer_path}: the checkpoint has no chat template")
     compiled = compile_template(template)
 
     def render(body: dict[str, Any]) -> list[int]:

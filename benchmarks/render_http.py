@@ -88,6 +88,7 @@ from benchmarks.servers import (
     wait_quiet,
 )
 from tokenfront import RenderOptions, RenderPipeline, fixtures
+from tokenfront.compiled import compiled_modules
 from tokenfront.protocol import ChatCompletionRequest
 
 ROUTE = "/v1/chat/completions/render"
@@ -789,9 +790,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     text_pipeline = RenderPipeline.load(RenderOptions(model=folder))
     reference = reference_renderer(text_pipeline)
     bodies_sent = _Bodies()
+    compiled = compiled_modules()
+    build = f"{len(compiled)} modules compiled by mypyc" if compiled else "pure Python"
 
     report: dict[str, Any] = {
         "checkpoint": name,
+        "compiled_modules": compiled,
         "checkpoint_path": folder,
         "concurrency": args.concurrency,
         "client": _client_backend(),
@@ -821,7 +825,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 wait_healthy([tokenfront], timeout=args.start_timeout)
                 tokenfront.wait_settled()
                 tokenfront.idle_memory = tokenfront.memory()
-                tokenfront.command_extra, tokenfront.version = extra, "this tree"
+                tokenfront.command_extra, tokenfront.version = extra, f"this tree, installed ({build})"
                 servers = {"tokenfront": tokenfront, **peers}
                 result: dict[str, Any] = {
                     "workers": workers,

@@ -8,6 +8,10 @@ connections, every body distinct, after a warm-up of a tenth as many), `--rounds
 round by round so that a change in the machine's weather falls on all of them. It reports each tree's server
 CPU per request (its process tree's utime + stime from /proc) as the median and the least of its rounds.
 
+A tree runs as its source unless it was compiled in place as the wheel compiles it (setup.py's mypyc modules):
+`cp pyproject.toml setup.py README.md DIR && (cd DIR && python setup.py build_ext --inplace)`. Each tree's
+line says which (`compiled`: its `server/direct` is an extension module).
+
     python -m benchmarks.render_trees --tree /tmp/before --tree /tmp/after [--workload one_line]
                                       [--rounds 5] [--requests 20000] [--checkpoint qwen3] [--json]
 
@@ -60,6 +64,11 @@ def _one_round(tree: Path, args: argparse.Namespace, folder: str, log_dir: Path,
         stop_all([server])
 
 
+def _compiled(tree: Path) -> bool:
+    """Whether the tree's hot path was compiled in place (an extension module beside server/direct.py)."""
+    return any((tree / "src" / "tokenfront" / "server").glob("direct.*.so"))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     trees = [Path(tree).resolve() for tree in args.tree]
     for tree in trees:
@@ -78,6 +87,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "trees": [
             {
                 "tree": tree,
+                "compiled": _compiled(Path(tree)),
                 "median_us": statistics.median(values),
                 "least_us": min(values),
                 "rounds_us": values,
@@ -111,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in report["trees"]:
         values = " ".join(f"{value:.1f}" for value in row["rounds_us"])
         print(
-            f"  {row['tree']}: median {row['median_us']:.1f} us, least {row['least_us']:.1f} us  ({values})"
+            f"  {row['tree']}{' (compiled)' if row['compiled'] else ''}: median {row['median_us']:.1f} us, least {row['least_us']:.1f} us  ({values})"
         )
     return 0
 

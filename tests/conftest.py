@@ -16,7 +16,19 @@ from pathlib import Path
 import httpx
 import pytest
 
+from installed_build import installed_package, stale_files
 from tokenfront import fixtures
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests run on the installed package (a built wheel): stop at once when it is not the current source."""
+    stale = stale_files()
+    if stale:
+        shown = ", ".join(stale[:5]) + (f" and {len(stale) - 5} more" if len(stale) > 5 else "")
+        raise pytest.UsageError(
+            f"the installed tokenfront ({installed_package()}) is not src/: {shown} changed since it was "
+            "installed; run `make install-test` (the tests run on the built wheel, its hot path compiled)"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tokenfront import __version__
 from tokenfront.check.command import add_check_command
@@ -47,13 +47,28 @@ def _run_fixtures(args: argparse.Namespace) -> int:
     return fixtures.run(args)
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: the version and the build (the wheel's compiled hot path), read only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from tokenfront.compiled import describe
+
+        print(f"tokenfront {__version__} ({describe()})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = _Parser(
         prog="tokenfront",
         description="Render OpenAI requests into the exact prompt token ids a worker computes.",
     )
-    parser.add_argument("--version", action="version", version=f"tokenfront {__version__}")
+    parser.add_argument(
+        "--version", action=_VersionAction, help="show the version, and which modules run compiled, and exit"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     # Each server's command lives beside its server (renderer/, worker/, router/, check/ command.py).

@@ -56,6 +56,9 @@ FOREIGN_FLAGS = {
     "--trust-request-chat-template": "vllm",
     # pip (the README's install commands), docker, kubectl, curl, jq
     "--quiet": "pip install",
+    "--no-deps": "pip wheel",
+    "--inplace": "setup.py build_ext",
+    "--follow-imports": "mypyc",
     "--check": "ruff format",
     "--index-url": "pip install",
     "--build-arg": "docker build",

@@ -1,0 +1,29 @@
+"""Which of the package's modules run compiled: the wheel's mypyc extensions (setup.py), found beside their source."""
+
+from __future__ import annotations
+
+import importlib.machinery
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def compiled_modules() -> list[str]:
+    """The dotted names of the package's modules installed as C extension modules (none in a pure build)."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    found = []
+    for path in sorted(PACKAGE.rglob("*")):
+        if path.name.endswith(suffixes):
+            stem = path.name[: -len(next(suffix for suffix in suffixes if path.name.endswith(suffix)))]
+            found.append(".".join(["tokenfront", *path.parent.relative_to(PACKAGE).parts, stem]))
+    return found
+
+
+def describe() -> str:
+    """One line for `tokenfront --version`: how many modules are compiled, or that none is."""
+    modules = compiled_modules()
+    if not modules:
+        return "pure Python: no module compiled"
+    return f"{len(modules)} modules compiled by mypyc: " + ", ".join(
+        name.removeprefix("tokenfront.") for name in modules
+    )
