@@ -10,7 +10,10 @@ checked when a value crosses into them, and their functions cannot be replaced a
 """
 
 import os
+import shlex
+import shutil
 import sys
+import sysconfig
 
 from setuptools import setup
 
@@ -33,6 +36,14 @@ COMPILING_COMMANDS = {"bdist_wheel", "build_ext", "build", "install"}
 def extensions() -> list:
     if os.environ.get("TOKENFRONT_PURE_PYTHON") == "1" or not COMPILING_COMMANDS.intersection(sys.argv[1:]):
         return []
+    # One clear line instead of a compiler error from deep inside setuptools.
+    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")[0]
+    if shutil.which(compiler) is None:
+        sys.exit(
+            f"tokenfront: the build compiles the render hot path with mypyc and needs a C compiler, and {compiler!r} "
+            "is not there: install one (Debian: apt-get install gcc), or build with TOKENFRONT_PURE_PYTHON=1 "
+            "(uncompiled, the same answers)"
+        )
     from mypyc.build import mypycify
 
     # --follow-imports=skip: the other modules are typed Any here. Their calls are Python calls whatever mypyc

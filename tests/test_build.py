@@ -5,7 +5,8 @@
   `tokenfront --version` names those modules.
   An editable install compiles nothing: the test is skipped there, with the reason, and fails under CI.
 - A wheel built with TOKENFRONT_PURE_PYTHON=1 (a machine without a C compiler) holds the same package files as
-  src/ and no extension module.
+  src/ and no extension module; a compiled build on a machine without that compiler stops with one line saying
+  both ways out.
 """
 
 from __future__ import annotations
@@ -99,3 +100,20 @@ def test_a_pure_python_wheel_compiles_nothing(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(SOURCE.parent)},
     ).stdout
     assert version == "tokenfront 0.1.0 (pure Python: no module compiled)\n"
+
+
+def test_a_build_without_a_c_compiler_says_what_to_do(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-gcc"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path, ROOT],
+        env={**os.environ, "CC": f"{missing} -pthread"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode != 0
+    assert (
+        f"tokenfront: the build compiles the render hot path with mypyc and needs a C compiler, and '{missing}' "
+        "is not there: install one (Debian: apt-get install gcc), or build with TOKENFRONT_PURE_PYTHON=1"
+    ) in " ".join((build.stdout + build.stderr).split())
+    assert not list(tmp_path.glob("*.whl"))
