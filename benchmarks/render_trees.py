@@ -10,7 +10,7 @@ CPU per request (its process tree's utime + stime from /proc) as the median and 
 
 A tree runs as its source unless it was compiled in place as the wheel compiles it (setup.py's mypyc modules):
 `cp pyproject.toml setup.py README.md DIR && (cd DIR && python setup.py build_ext --inplace)`. Each tree's
-line says which (`compiled`: its `server/direct` is an extension module).
+line says how many of its modules are extension modules (`tokenfront.compiled.compiled_modules`).
 
     python -m benchmarks.render_trees --tree /tmp/before --tree /tmp/after [--workload one_line]
                                       [--rounds 5] [--requests 20000] [--checkpoint qwen3] [--json]
@@ -32,6 +32,7 @@ from typing import Any
 from benchmarks.render_http import run_client, workload_requests
 from benchmarks.servers import launch_tokenfront, stop_all, wait_healthy
 from tokenfront import fixtures
+from tokenfront.compiled import compiled_modules
 
 SERVER_CORE, CLIENT_CORE = "0", 1
 
@@ -64,11 +65,6 @@ def _one_round(tree: Path, args: argparse.Namespace, folder: str, log_dir: Path,
         stop_all([server])
 
 
-def _compiled(tree: Path) -> bool:
-    """Whether the tree's hot path was compiled in place (an extension module beside server/direct.py)."""
-    return any((tree / "src" / "tokenfront" / "server").glob("direct.*.so"))
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     trees = [Path(tree).resolve() for tree in args.tree]
     for tree in trees:
@@ -87,7 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "trees": [
             {
                 "tree": tree,
-                "compiled": _compiled(Path(tree)),
+                "compiled": compiled_modules(Path(tree) / "src" / "tokenfront"),
                 "median_us": statistics.median(values),
                 "least_us": min(values),
                 "rounds_us": values,
@@ -120,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.workload}, {args.requests} requests a round, server CPU per request:")
     for row in report["trees"]:
         values = " ".join(f"{value:.1f}" for value in row["rounds_us"])
+        compiled = f" ({len(row['compiled'])} modules compiled)" if row["compiled"] else ""
         print(
-            f"  {row['tree']}{' (compiled)' if row['compiled'] else ''}: median {row['median_us']:.1f} us, least {row['least_us']:.1f} us  ({values})"
+            f"  {row['tree']}{compiled}: median {row['median_us']:.1f} us, least {row['least_us']:.1f} us  ({values})"
         )
     return 0
 

@@ -8,14 +8,15 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent
 
 
-def compiled_modules() -> list[str]:
-    """The dotted names of the package's modules installed as C extension modules (none in a pure build)."""
+def compiled_modules(package: Path = PACKAGE) -> list[str]:
+    """The dotted names of a tokenfront package folder's modules that are C extension modules (none in a pure
+    build): this installed package's by default, or a source tree's compiled in place (benchmarks)."""
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     found = []
-    for path in sorted(PACKAGE.rglob("*")):
+    for path in sorted(package.rglob("*")):
         if path.name.endswith(suffixes):
             stem = path.name[: -len(next(suffix for suffix in suffixes if path.name.endswith(suffix)))]
-            found.append(".".join(["tokenfront", *path.parent.relative_to(PACKAGE).parts, stem]))
+            found.append(".".join(["tokenfront", *path.parent.relative_to(package).parts, stem]))
     return found
 
 
