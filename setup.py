@@ -5,7 +5,7 @@ extension mypyc made of it, which Python imports instead. A one-line chat then c
 CPU in three runs (docs/benchmarks.md). An editable install (`pip install -e .`) compiles nothing, so an edit runs at
 once; so does any build with TOKENFRONT_PURE_PYTHON=1 (a machine without a C compiler).
 
-Compiled modules keep their behaviour, with two rules of mypyc's (docs/architecture.md): their annotations are
+Compiled modules keep their behaviour, with three rules of mypyc's (docs/architecture.md): their annotations are
 checked when a value crosses into them, their classes cannot be subclassed by interpreted code, and a function
 replaced at run time is not what their compiled calls call.
 """

@@ -14,8 +14,9 @@ def compiled_modules(package: Path = PACKAGE) -> list[str]:
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     found = []
     for path in sorted(package.rglob("*")):
-        if path.name.endswith(suffixes):
-            stem = path.name[: -len(next(suffix for suffix in suffixes if path.name.endswith(suffix)))]
+        suffix = next((suffix for suffix in suffixes if path.name.endswith(suffix)), None)
+        if suffix is not None:
+            stem = path.name[: -len(suffix)]
             found.append(".".join(["tokenfront", *path.parent.relative_to(package).parts, stem]))
     return found
 
