@@ -20,7 +20,9 @@ asyncio.Protocol, uvloop when importable) run a closed loop, reading the status 
 length without parsing JSON. Per server and workload it reports, first, the server's CPU time per request
 (utime + stime of its process tree from /proc: the fair figure on a shared machine), then requests/s, p50/p99
 latency, the client's own CPU per request, and the CPU every other process on the machine took meanwhile (a
-warning when the machine was not quiet); and tokenfront's CPU per request and req/s over each peer's.
+warning when the machine was not quiet); and tokenfront's CPU per request and req/s over each peer's. /proc
+counts CPU in clock ticks (10 ms here): a CPU figure resting on fewer than 100 of them is coarser than 1 % and
+the report says so (a one-line chat's round at `--scale 0.5` is about 13 ticks: use `--requests`).
 
 `--pinning unpinned,pinned` (the default) runs everything twice: unpinned, every process may use every core;
 pinned, each server runs on its own core (`taskset -c`; `--workers N`: N cores) and the client on the last one,
@@ -75,6 +77,7 @@ import httpx
 
 from benchmarks.render import CONVERSATIONS, WORKLOADS, reference_renderer
 from benchmarks.servers import (
+    CLOCK_TICKS,
     HOST,
     Server,
     launch_tokenfront,
@@ -92,6 +95,8 @@ from tokenfront.compiled import compiled_modules
 from tokenfront.protocol import ChatCompletionRequest
 
 ROUTE = "/v1/chat/completions/render"
+# A server's CPU in a round counted in fewer clock ticks than this is coarser than 1 %: the report says so.
+FINE_CPU_TICKS = 100
 # Requests per workload by default: about half a minute of vLLM time in all at concurrency 8 on 2 cores.
 DEFAULT_REQUESTS = {
     "short_chats": 4000,
@@ -425,6 +430,8 @@ def _measure(
         "p99_ms": _percentile(ordered, 0.99) * 1000,
         "max_ms": ordered[-1] * 1000,
         "cpu_ms_per_request": server_cpu / count * 1000,
+        # /proc counts CPU in whole clock ticks: the figure above is this many, give or take one.
+        "server_cpu_ticks": round(server_cpu * CLOCK_TICKS),
         "server_cpu_share": server_cpu / run.wall,
         "client_cpu_ms_per_request": run.client_cpu / count * 1000,
         "client_cpu_share": run.client_cpu / run.wall,
@@ -1027,6 +1034,18 @@ def _print_report(report: dict[str, Any]) -> None:
         if foreign > 0.1:
             print(
                 f"  WARNING: other processes took up to {foreign:.2f} cores during a timed run: numbers skewed"
+            )
+        coarse = [
+            f"{workload} {name} ({row[name]['server_cpu_ticks']})"
+            for workload, row in run["workloads"].items()
+            for name in servers
+            if row[name]["server_cpu_ticks"] < FINE_CPU_TICKS
+        ]
+        if coarse:
+            print(
+                f"  WARNING: /proc counts CPU in ticks of 1/{CLOCK_TICKS} s, and these CPU ms/req rest on fewer than "
+                f"{FINE_CPU_TICKS} (each +-1 tick, so +-1 % or worse): {', '.join(coarse)}; a ratio within that is "
+                "no result: raise --requests (or --scale) for a finer figure"
             )
         print(
             "  start-up (launch to a 200 on /health; settled = its CPU use fell idle after that) and memory:"
