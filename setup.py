@@ -19,13 +19,14 @@ import sysconfig
 from setuptools import setup
 
 # The modules every direct render runs, request by request: the lean lane, its counts and request ids, the
-# message normalization and Qwen3's native template.
+# message normalization, Qwen3's native template and the render answers.
 HOT_PATH = [
     "src/tokenfront/server/direct.py",
     "src/tokenfront/server/metrics.py",
     "src/tokenfront/server/request_ids.py",
     "src/tokenfront/core/messages.py",
     "src/tokenfront/core/native_templates/qwen3.py",
+    "src/tokenfront/renderer/answers.py",
 ]
 
 # setuptools runs this file once per PEP 517 hook (metadata, requirements, the wheel); mypyc analyses and writes

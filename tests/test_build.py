@@ -48,7 +48,7 @@ def test_the_installed_hot_path_is_compiled() -> None:
             pytest.fail(f"{reason}; under CI the tests run on the wheel")
         pytest.skip(reason)
     modules = hot_path()
-    assert len(modules) == 5 and "tokenfront.server.direct" in modules
+    assert len(modules) == 6 and "tokenfront.server.direct" in modules
     for name in modules:
         path = Path(importlib.import_module(name).__file__ or "")
         assert path.name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), f"{name}: {path}"
@@ -58,7 +58,7 @@ def test_the_installed_hot_path_is_compiled() -> None:
         [Path(sys.executable).parent / "tokenfront", "--version"], capture_output=True, text=True, check=True
     ).stdout
     listed = ", ".join(sorted(name.removeprefix("tokenfront.") for name in modules))
-    assert version == f"tokenfront 0.1.0 (5 modules compiled by mypyc: {listed})\n"
+    assert version == f"tokenfront 0.1.0 (6 modules compiled by mypyc: {listed})\n"
 
 
 def test_a_pure_python_wheel_compiles_nothing(tmp_path: Path) -> None:

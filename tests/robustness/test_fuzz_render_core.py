@@ -67,7 +67,7 @@ from tokenfront.protocol import (
     TokenizeRequest,
 )
 from tokenfront.protocol.vllm import ChatDerenderRequest
-from tokenfront.renderer.routes import (
+from tokenfront.renderer.answers import (
     render_chat_response,
     render_completion_response,
     render_converted_response,

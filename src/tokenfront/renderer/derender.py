@@ -22,7 +22,7 @@ from starlette.responses import Response
 
 from tokenfront.core.render import RenderPipeline
 from tokenfront.protocol.vllm import ChatDerenderRequest, CompletionDerenderRequest
-from tokenfront.renderer.routes import pipeline_for
+from tokenfront.renderer.answers import pipeline_for
 from tokenfront.server.errors import APIError
 from tokenfront.server.lean_routes import LeanRoute
 from tokenfront.server.models import check_model

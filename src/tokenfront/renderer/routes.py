@@ -8,54 +8,53 @@
 Mounted by the standalone renderer, by the worker when TOKENFRONT_ENABLE_RENDER_ENDPOINTS=1, and by the
 router: all call the same pipeline, so all answer the same ids.
 
-A render answer echoes the original body as its `request` field. It is written as the bytes the client sent,
-spliced into the encoded envelope, not decoded and encoded again: that is both faster and exactly "the
-original body, unchanged" (key order, number spelling and all).
+What each route does per request once its body is validated — the render and the answer's JSON, and the
+direct answers of the chat and completions routes — is `renderer/answers.py`'s (compiled); this module is the
+routes themselves.
 """
 
 from __future__ import annotations
 
 import functools
-import secrets
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
-from pydantic import BaseModel, ValidationError
+from fastapi import APIRouter, Request
+from pydantic import BaseModel
 from starlette.responses import Response
 
-from tokenfront.core.render import RenderedPrompt, RenderPipeline
+from tokenfront.core.render import RenderedPrompt
 from tokenfront.protocol import (
-    DEFAULT_LIMITS,
     AnthropicMessagesRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
-    RequestLimits,
     ResponsesRequest,
     TokenizeRequest,
-    TokenizeResponse,
+)
+from tokenfront.renderer.answers import (
+    RenderAnswer,
+    answer_of,
+    chat_answer,
+    completion_answer,
+    direct_answer,
+    pipeline_for,
+    render_chat_response,
+    render_completion_response,
+    render_converted_response,
+    responses_request_id,
+    tokenize_response,
 )
 from tokenfront.server.lean_routes import LeanEchoRoute, LeanRoute, json_body, raw_body
 from tokenfront.server.metrics import ServerMetrics
 from tokenfront.server.models import check_model
 from tokenfront.server.render_thread import render_off_loop
-from tokenfront.server.request_ids import chat_request_id, completion_request_id
-from tokenfront.server.responses import JSONBytesResponse, dumps
+from tokenfront.server.request_ids import chat_request_id
+from tokenfront.server.responses import JSONBytesResponse
 from tokenfront.server.tracing import PROMPT_TOKENS, Tracing
 
-__all__ = [
-    "RENDER_PATHS",
-    "RENDER_SCHEMA_VERSION",
-    "pipeline_for",
-    "render_chat_response",
-    "render_completion_response",
-    "render_converted_response",
-    "render_router",
-]
+__all__ = ["RENDER_PATHS", "render_router"]
 
-RENDER_SCHEMA_VERSION = 1
 # Every route `render_router` mounts (all POST).
 RENDER_PATHS = (
     "/v1/chat/completions/render",
@@ -67,164 +66,28 @@ RENDER_PATHS = (
 )
 
 
-def _envelope(
-    *, kind: str, request_id: str, rendered: RenderedPrompt, request: dict[str, Any], reasoning_kwargs: Any
-) -> dict[str, Any]:
-    # Field order is part of the contract (docs/contract.md §2); `request` comes last and is added by the caller.
-    return {
-        "schema_version": RENDER_SCHEMA_VERSION,
-        "kind": kind,
-        "request_id": request_id,
-        "token_ids": rendered.token_ids,
-        "model": request.get("model"),
-        "reasoning_ended": rendered.reasoning_ended,
-        "reasoning_parser_kwargs": reasoning_kwargs,
-        "cache_salt": request.get("cache_salt"),
-    }
-
-
-def _with_request(envelope: dict[str, Any], request_json: bytes) -> bytes:
-    """The envelope's JSON with `"request": <request_json>` as its last field."""
-    return dumps(envelope)[:-1] + b',"request":' + request_json + b"}"
-
-
-def _chat_envelope(
-    pipeline: RenderPipeline,
-    rendered: RenderedPrompt,
-    *,
-    kind: str,
-    request_id: str,
-    body: dict[str, Any],
-    raw: bytes,
-) -> bytes:
-    reasoning_kwargs = (
-        {"chat_template_kwargs": rendered.chat_template_kwargs}
-        if pipeline.reasoning_parser is not None
-        else None
-    )
-    envelope = _envelope(
-        kind=kind, request_id=request_id, rendered=rendered, request=body, reasoning_kwargs=reasoning_kwargs
-    )
-    return _with_request(envelope, raw)
-
-
-def render_chat_response(
-    pipeline: RenderPipeline, request: ChatCompletionRequest, body: dict[str, Any], raw: bytes
-) -> tuple[bytes, RenderedPrompt]:
-    """The render answer for one chat request, as JSON (`body` parsed from `raw`, which is echoed)."""
-    check_model(request.model, pipeline.served_model_names)
-    # The tools as the template sees them (vLLM's dump of each: `"description": null` and all), not as sent.
-    seen = body if request.tools is None else {**body, "tools": request.tool_dicts()}
-    rendered = pipeline.render_chat(request, body=seen)
-    return _chat_envelope(
-        pipeline, rendered, kind="chat", request_id=chat_request_id(), body=body, raw=raw
-    ), rendered
-
-
-def render_converted_response(
-    pipeline: RenderPipeline,
-    request: AnthropicMessagesRequest | ResponsesRequest,
-    *,
-    limits: RequestLimits = DEFAULT_LIMITS,
-    request_id: str,
-    body: dict[str, Any],
-    raw: bytes,
-) -> tuple[bytes, RenderedPrompt]:
-    """The render answer for another API's body (kind "messages" or "responses"), rendered as the chat
-    request vLLM builds from it (held to the server's `limits`); the envelope echoes the original body."""
-    if isinstance(request, AnthropicMessagesRequest):
-        kind, rendered = "messages", pipeline.render_messages(request, limits=limits)
-    else:
-        kind, rendered = "responses", pipeline.render_responses(request, limits=limits)
-    return _chat_envelope(pipeline, rendered, kind=kind, request_id=request_id, body=body, raw=raw), rendered
-
-
-def render_completion_response(
-    pipeline: RenderPipeline, request: CompletionRequest, body: dict[str, Any], raw: bytes
-) -> tuple[bytes, list[RenderedPrompt]]:
-    """The render answer for a completions request: one item per prompt, each with its own prompt."""
-    check_model(request.model, pipeline.served_model_names)
-    items = pipeline.render_completion(request)
-    base = completion_request_id()
-    encoded = []
-    for index, item in enumerate(items):
-        envelope = _envelope(
-            kind="completion",
-            request_id=f"{base}-{index}",
-            rendered=item,
-            request=body,
-            reasoning_kwargs=None,
-        )
-        # One prompt, as given: the original body is that item's request.
-        own = (
-            raw
-            if len(items) == 1 and item.prompt == body["prompt"]
-            else dumps({**body, "prompt": item.prompt})
-        )
-        encoded.append(_with_request(envelope, own))
-    return b"[" + b",".join(encoded) + b"]", items
-
-
-def tokenize_response(
-    pipeline: RenderPipeline,
-    request: TokenizeRequest,
-    context_length: int,
-    limits: RequestLimits = DEFAULT_LIMITS,
-) -> dict[str, Any]:
-    """vLLM's `/tokenize` answer: a chat rendered as `/v1/chat/completions/render` renders it, or text
-    encoded as a completions prompt (`add_special_tokens` defaults: false for chat, true for text)."""
-    check_model(request.model, pipeline.served_model_names)
-    if request.is_chat:
-        ids = pipeline.render_chat(request.chat_request(limits)).token_ids
-    else:
-        assert request.prompt is not None  # the model requires prompt or messages
-        add_special = True if request.add_special_tokens is None else request.add_special_tokens
-        ids = pipeline.tokenize(request.prompt, add_special_tokens=add_special)
-    strings = list(pipeline.tokenizer.convert_ids_to_tokens(ids)) if request.return_token_strs else None
-    return TokenizeResponse(
-        count=len(ids), max_model_len=context_length, tokens=ids, token_strs=strings
-    ).model_dump()
-
-
-def _responses_request_id(request: ResponsesRequest) -> str:
-    # vLLM's ResponsesRequest.request_id: the client's, else "resp_" and 32 hex digits.
-    return request.request_id or f"resp_{secrets.token_hex(16)}"
-
-
-def pipeline_for(app: FastAPI, model: str | None) -> RenderPipeline:
-    """The pipeline that renders a request naming `model`: the app's one (`app.state.pipeline`), or — on a
-    router, which may serve several models — the one `app.state.choose_pipeline` picks for that name (its 404
-    `model_not_found` for a name no model has)."""
-    choose: Callable[[str | None], RenderPipeline] | None = getattr(app.state, "choose_pipeline", None)
-    if choose is not None:
-        return choose(model)
-    pipeline: RenderPipeline = app.state.pipeline
-    return pipeline
-
-
 def render_router(tracing: Tracing | None = None) -> APIRouter:
     """The render routes; they use the pipeline `pipeline_for` picks for the request's `model`
     (`app.state.pipeline` but on a router). With `tracing`, the chat and completions renders are `render`
     spans (chosen here, once: nothing is checked per request)."""
     router = APIRouter(tags=["render"], route_class=LeanEchoRoute)
-    chat_answer, completion_answer = _chat_answer, _completion_answer
+    chat: RenderAnswer = chat_answer
+    completion: RenderAnswer = completion_answer
     if tracing is not None:
-        chat_answer = _answer_of(tracing.traced("render", render_chat_response, _chat_span), "chat")
-        completion_answer = _answer_of(
+        chat = answer_of(tracing.traced("render", render_chat_response, _chat_span), "chat")
+        completion = answer_of(
             tracing.traced("render", render_completion_response, _completion_span), "completion"
         )
 
     @router.post("/v1/chat/completions/render", summary="Render a chat request into prompt token ids")
     async def render_chat(request: ChatCompletionRequest, raw: Request) -> Response:
-        content = await render_off_loop(
-            raw, request, chat_answer, raw.app, request, json_body(raw), raw_body(raw)
-        )
+        content = await render_off_loop(raw, request, chat, raw.app, request, json_body(raw), raw_body(raw))
         return JSONBytesResponse(content)
 
     @router.post("/v1/completions/render", summary="Render a completions request into prompt token ids")
     async def render_completion(request: CompletionRequest, raw: Request) -> Response:
         content = await render_off_loop(
-            raw, request, completion_answer, raw.app, request, json_body(raw), raw_body(raw)
+            raw, request, completion, raw.app, request, json_body(raw), raw_body(raw)
         )
         return JSONBytesResponse(content)
 
@@ -266,7 +129,7 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
                 pipeline,
                 request,
                 limits=raw.app.request_limits,
-                request_id=_responses_request_id(request),
+                request_id=responses_request_id(request),
                 body=json_body(raw),
                 raw=raw_body(raw),
             ),
@@ -289,36 +152,9 @@ def render_router(tracing: Tracing | None = None) -> APIRouter:
         check_model(request.model, pipeline.served_model_names)
         return JSONBytesResponse(DetokenizeResponse(prompt=pipeline.detokenize(request.tokens)).model_dump())
 
-    _offer_direct(router, "/v1/chat/completions/render", ChatCompletionRequest, chat_answer)
-    _offer_direct(router, "/v1/completions/render", CompletionRequest, completion_answer)
+    _offer_direct(router, "/v1/chat/completions/render", ChatCompletionRequest, chat)
+    _offer_direct(router, "/v1/completions/render", CompletionRequest, completion)
     return router
-
-
-def _chat_answer(app: FastAPI, request: ChatCompletionRequest, body: dict[str, Any], raw: bytes) -> bytes:
-    """`/v1/chat/completions/render`'s answer, its render counted."""
-    content, rendered = render_chat_response(pipeline_for(app, request.model), request, body, raw)
-    app.state.metrics.count_rendered("chat", 1, len(rendered.token_ids))
-    return content
-
-
-def _completion_answer(app: FastAPI, request: CompletionRequest, body: dict[str, Any], raw: bytes) -> bytes:
-    """`/v1/completions/render`'s answer, its renders counted."""
-    content, items = render_completion_response(pipeline_for(app, request.model), request, body, raw)
-    app.state.metrics.count_rendered("completion", len(items), sum(len(item.token_ids) for item in items))
-    return content
-
-
-def _answer_of(render: Callable[..., tuple[bytes, Any]], kind: str) -> Callable[..., bytes]:
-    """`_chat_answer` (`kind` chat) or `_completion_answer` (completion) on another render function: the
-    traced one."""
-
-    def answer(app: FastAPI, request: Any, body: dict[str, Any], raw: bytes) -> bytes:
-        content, rendered = render(pipeline_for(app, request.model), request, body, raw)
-        items = [rendered] if kind == "chat" else rendered
-        app.state.metrics.count_rendered(kind, len(items), sum(len(item.token_ids) for item in items))
-        return content
-
-    return answer
 
 
 def _chat_span(answer: tuple[bytes, RenderedPrompt]) -> dict[str, Any]:
@@ -334,32 +170,11 @@ def _completion_span(answer: tuple[bytes, list[RenderedPrompt]]) -> dict[str, An
     }
 
 
-_Body = TypeVar("_Body", bound=BaseModel)
-
-
-def _offer_direct(
-    router: APIRouter,
-    path: str,
-    model: type[_Body],
-    answer: Callable[[FastAPI, _Body, dict[str, Any], bytes], bytes],
-) -> None:
-    """Give the route at `path` a direct answer (`server.direct`): the endpoint's `answer`, for a body that
-    `model` validates and that has no template of its own (those render on the render thread); None otherwise,
-    for the endpoint to answer."""
-
-    validate = model.__pydantic_validator__.validate_python  # model_validate less its Python wrapper
-
-    def direct(app: FastAPI, raw: bytes, body: dict[str, Any]) -> bytes | None:
-        try:
-            request = validate(body, context=getattr(app, "validation_context", None))
-        except ValidationError:
-            return None
-        if getattr(request, "chat_template", None) is not None:
-            return None
-        return answer(app, request, body, raw)
-
+def _offer_direct(router: APIRouter, path: str, model: type[BaseModel], answer: RenderAnswer) -> None:
+    """Give the route at `path` a direct answer (`server.direct`): `answer` for a body `model` validates
+    (`answers.direct_answer`)."""
     route = next(route for route in router.routes if isinstance(route, LeanRoute) and route.path == path)
-    route.direct = direct
+    route.direct = direct_answer(model, answer)
 
 
 def _metrics(raw: Request) -> ServerMetrics:

@@ -26,7 +26,7 @@ from tokenfront.core.render import RenderPipeline
 from tokenfront.probe_corpus import PROBE_CASES, ProbeCase, first_difference, refusal_message, token_ids
 from tokenfront.probe_corpus import UNICODE_TEXT as UNICODE_TEXT  # re-exported: the corpus's test reads it
 from tokenfront.protocol import TokenizeRequest
-from tokenfront.renderer.routes import tokenize_response
+from tokenfront.renderer.answers import tokenize_response
 from tokenfront.router.check_client import CheckClient, describe_failure
 from tokenfront.router.connections import WorkerTransportError
 from tokenfront.server.errors import APIError
