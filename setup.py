@@ -1,8 +1,8 @@
 """The build: the package pyproject.toml describes, with the render hot path's modules compiled by mypyc.
 
 A wheel (`pip install .`, the Dockerfiles, `make install`) holds each module below twice: its source, and a C
-extension mypyc made of it, which Python imports instead. A one-line chat then cost the renderer 9-20 % less
-CPU in three runs (docs/benchmarks.md). An editable install (`pip install -e .`) compiles nothing, so an edit runs at
+extension mypyc made of it, which Python imports instead. The first five made a one-line chat cost the renderer
+9-20 % less CPU in three runs, `renderer/answers.py` another 4 % (docs/benchmarks.md). An editable install (`pip install -e .`) compiles nothing, so an edit runs at
 once; so does any build with TOKENFRONT_PURE_PYTHON=1 (a machine without a C compiler).
 
 Compiled modules keep their behaviour, with three rules of mypyc's (docs/architecture.md): their annotations are
